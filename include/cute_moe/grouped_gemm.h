@@ -1,0 +1,138 @@
+// Public C++ API of the cute-moe grouped GEMMs (no PyTorch).
+//
+// Two kernel families cover the GEMMs of an MoE expert layer in training:
+//   * ragged M (forward and input gradient): rows of x are sorted by group and each
+//     group multiplies its own weight matrix;
+//   * ragged K (weight gradient): each group reduces over its own rows.
+// Group boundaries `offs` live in device memory and are never read on the host, so
+// every call is free of host synchronisation and can be captured in a CUDA graph and
+// replayed with different routing.
+//
+// Conventions (see docs/design.md of the project):
+//   offs[e] is the cumulative END row of group e; group e owns rows [offs[e-1], offs[e])
+//   with offs[-1] := 0. Groups may be empty. Rows at or past offs[E-1] are padding.
+//   bf16 inputs, fp32 accumulation, each output rounded once.
+//
+// Every call validates its arguments on the host (shapes, strides, 16-byte alignment,
+// group count) and returns a Result whose message names the argument and its value.
+// offs itself is checked on the device (non-decreasing, within [0, m]); a violation
+// stops the kernel with a device-side trap and a printed message, never a wrong or
+// out-of-bounds write.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cute_moe/status.h"
+
+namespace cute_moe {
+
+enum class DType { kBF16, kF32 };
+
+const char* dtype_name(DType t);
+
+// Largest group count a call accepts.
+constexpr int32_t kMaxGroups = 1 << 16;
+
+// y[r, :] = x[r, :] @ W_e (+ bias[e, :]) for every row r of group e.
+//
+// W_e is the (k x n) matrix at w + e * w_stride_group whose element (i, j) sits at
+// i * w_stride_k + j * w_stride_n: exactly one of w_stride_k, w_stride_n must be 1.
+// (E, k, n) row-major weights have w_stride_n == 1; a (E, n, k) tensor used as
+// x @ W[e].T has w_stride_k == 1. The same call computes the input gradient
+// dx = dy @ W_e^T by passing W's strides swapped.
+// Rows r >= offs[E-1] of y are written with zeros.
+struct RaggedMGemmArgs {
+  int64_t m = 0;  // rows of x and y (an upper bound of offs[E-1])
+  int64_t n = 0;  // columns of y
+  int64_t k = 0;  // columns of x
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, num_groups cumulative end offsets
+
+  const void* x = nullptr;  // bf16 (m, k), row stride ldx, unit column stride
+  int64_t ldx = 0;
+  const void* w = nullptr;  // bf16, see above
+  int64_t w_stride_group = 0, w_stride_k = 0, w_stride_n = 0;
+  const void* bias = nullptr;  // optional bf16 (num_groups, n), row stride bias_stride_group
+  int64_t bias_stride_group = 0;
+  void* y = nullptr;  // bf16 (m, n), row stride ldy
+  int64_t ldy = 0;
+};
+
+// dw[e] = x[rows_e]^T @ dy[rows_e] for every group e, a (k x n) matrix reduced over the
+// group's rows (the ragged dimension). Empty groups give exact zeros.
+// Optionally dbias[e, :] = sum over rows_e of dy[r, :], accumulated in fp32 (the bias
+// gradient), deterministic.
+struct RaggedKGemmArgs {
+  int64_t m = 0;  // rows of x and dy
+  int64_t k = 0;  // columns of x = rows of each dw[e]
+  int64_t n = 0;  // columns of dy = columns of each dw[e]
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, num_groups cumulative end offsets
+
+  const void* x = nullptr;  // bf16 (m, k), row stride ldx
+  int64_t ldx = 0;
+  const void* dy = nullptr;  // bf16 (m, n), row stride lddy
+  int64_t lddy = 0;
+  void* dw = nullptr;  // (num_groups, k, n) contiguous, dtype dw_dtype
+  DType dw_dtype = DType::kBF16;
+  float* dbias = nullptr;  // optional fp32 (num_groups, n) contiguous
+};
+
+// out[e, :] = sum over the rows r of group e of src[r, :], accumulated in fp32, with a
+// fixed summation order (the same input gives the same bits). This is the bias gradient
+// of a grouped GEMM; ragged_k_gemm computes it alongside dw when given dbias.
+struct GroupColumnSumArgs {
+  int64_t m = 0;  // rows of src
+  int64_t n = 0;  // columns of src and out
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, num_groups cumulative end offsets
+  const void* src = nullptr;      // bf16 (m, n), row stride ld
+  int64_t ld = 0;
+  float* out = nullptr;  // fp32 (num_groups, n) contiguous
+};
+
+// Per-call choices that do not change the result.
+struct GemmOptions {
+  // Name of a tile configuration (see list_tile_configs), or nullptr to let the
+  // heuristic choose. The environment variable CUTE_MOE_CONFIG overrides the
+  // heuristic too; CUTE_MOE_LOG_CONFIG=1 prints every choice to stderr.
+  const char* config = nullptr;
+  // Multiprocessors the persistent kernels may use; 0 means all of the device's.
+  int sm_count = 0;
+};
+
+// Argument checks alone (also run by the calls below).
+Result validate(const RaggedMGemmArgs& args);
+Result validate(const RaggedKGemmArgs& args);
+Result validate(const GroupColumnSumArgs& args);
+
+// Device workspace the calls need, in bytes (an upper bound over all configurations,
+// so it depends only on the group count, the shapes and the device).
+Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result workspace_size(const RaggedKGemmArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result workspace_size(const GroupColumnSumArgs& args, size_t* bytes);
+
+// Enqueue the computation on `stream`. `workspace` must hold workspace_size() bytes,
+// 128-byte aligned (it holds TMA descriptors); it may be reused as soon as the stream has passed this call.
+Result ragged_m_gemm(const RaggedMGemmArgs& args, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, const GemmOptions& opts = {});
+Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, const GemmOptions& opts = {});
+Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream);
+
+// Names of the tile configurations compiled into this build for each family.
+enum class GemmFamily { kRaggedM, kRaggedK };
+std::vector<std::string> list_tile_configs(GemmFamily family);
+
+// The configuration the heuristic picks for these arguments (what ragged_*_gemm runs
+// when GemmOptions::config is null and CUTE_MOE_CONFIG is unset).
+Result chosen_tile_config(const RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts = {});
+Result chosen_tile_config(const RaggedKGemmArgs& args, std::string* name, const GemmOptions& opts = {});
+
+}  // namespace cute_moe

@@ -1,0 +1,101 @@
+# Python registrations for the ops of the compiled library (which defines the schemas
+# and the CUDA kernels): fake kernels for tracing (torch.compile, FakeTensorMode), CPU
+# kernels that run the references, and the autograd formula of cute_moe::grouped_mm.
+# Nothing is registered when the library is not loaded.
+from __future__ import annotations
+
+import torch
+
+from . import _library
+from ._checks import (check_grouped_column_sum_args, check_grouped_mm_args,
+                      check_grouped_mm_wgrad_args)
+from .reference import grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_wgrad_ref
+
+__all__ = ["REGISTERED"]
+
+
+def _fake_grouped_mm(x, w, offs, bias=None):
+    check_grouped_mm_args(x, w, offs, bias)
+    return x.new_empty(x.shape[0], w.shape[2])
+
+
+def _fake_grouped_mm_wgrad(x, dy, offs, out_dtype=None, bias_grad=False):
+    check_grouped_mm_wgrad_args(x, dy, offs, out_dtype)
+    num_groups = offs.shape[0]
+    dw = x.new_empty(num_groups, x.shape[1], dy.shape[1], dtype=out_dtype or torch.bfloat16)
+    db = x.new_empty((num_groups, dy.shape[1]) if bias_grad else (0,), dtype=torch.float32)
+    return dw, db
+
+
+def _cpu_grouped_mm(x, w, offs, bias=None):
+    check_grouped_mm_args(x, w, offs, bias)
+    return grouped_mm_ref(x, w, offs, bias)
+
+
+def _cpu_grouped_mm_wgrad(x, dy, offs, out_dtype=None, bias_grad=False):
+    check_grouped_mm_wgrad_args(x, dy, offs, out_dtype)
+    dw = grouped_mm_wgrad_ref(x, dy, offs, out_dtype or torch.bfloat16)
+    if not bias_grad:
+        return dw, x.new_empty(0, dtype=torch.float32)
+    return dw, grouped_bias_grad_ref(dy, offs)
+
+
+def _fake_grouped_column_sum(src, offs):
+    check_grouped_column_sum_args(src, offs)
+    return src.new_empty(offs.shape[0], src.shape[1], dtype=torch.float32)
+
+
+def _cpu_grouped_column_sum(src, offs):
+    check_grouped_column_sum_args(src, offs)
+    return grouped_bias_grad_ref(src, offs)
+
+
+def _setup_context(ctx, inputs, output):
+    x, w, offs, bias = inputs
+    need_x, need_w = ctx.needs_input_grad[:2]
+    # (E, K, N) row-major weights give (E, K, N) gradients; a transposed view of an
+    # (E, N, K) tensor gets the transposed view of an (E, N, K) gradient.
+    ctx.w_transposed = w.stride(2) != 1
+    ctx.w_dtype = w.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.save_for_backward(x if need_w else None, w if need_x else None, offs)
+
+
+def _backward(ctx, dy):
+    x, w, offs = ctx.saved_tensors
+    # The dispatcher drops a bias equal to its default (None) from the inputs.
+    needs = ctx.needs_input_grad
+    need_x, need_w = needs[:2]
+    need_b = len(needs) > 3 and needs[3]
+    dy = dy.contiguous()
+    dx = dw = db = None
+    if need_x:
+        dx = torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs)
+    if need_w and not ctx.w_transposed:
+        dw, db = torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs, ctx.w_dtype, need_b)
+    elif need_w:
+        dw_t, _ = torch.ops.cute_moe.grouped_mm_wgrad(dy, x, offs, ctx.w_dtype)
+        dw = dw_t.transpose(-2, -1)
+    if need_b:
+        if db is None:
+            db = torch.ops.cute_moe.grouped_column_sum(dy, offs)
+        db = db.to(ctx.bias_dtype)
+    else:
+        db = None
+    return (dx, dw, None, db)[: len(needs)]
+
+
+def _register() -> None:
+    torch.library.register_fake("cute_moe::grouped_mm", _fake_grouped_mm)
+    torch.library.register_fake("cute_moe::grouped_mm_wgrad", _fake_grouped_mm_wgrad)
+    torch.library.register_kernel("cute_moe::grouped_mm", "cpu", _cpu_grouped_mm)
+    torch.library.register_kernel("cute_moe::grouped_mm_wgrad", "cpu", _cpu_grouped_mm_wgrad)
+    torch.library.register_fake("cute_moe::grouped_column_sum", _fake_grouped_column_sum)
+    torch.library.register_kernel("cute_moe::grouped_column_sum", "cpu", _cpu_grouped_column_sum)
+    torch.library.register_autograd("cute_moe::grouped_mm", _backward,
+                                    setup_context=_setup_context)
+
+
+REGISTERED = _library.library_loaded()
+if REGISTERED:
+    _register()

@@ -1,0 +1,32 @@
+# Public functional API of cute-moe. Runs the compiled ops when the library is loaded
+# (any device: CPU goes through the registered reference kernel) and the PyTorch
+# reference, with plain autograd, otherwise.
+from __future__ import annotations
+
+import torch
+
+from . import _ops
+from ._checks import check_grouped_mm_args
+from .reference import grouped_mm_ref
+
+__all__ = ["grouped_mm"]
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped GEMM with ragged M: y[rows_e] = x[rows_e] @ w[e] (+ bias[e]).
+
+    x: (M, K) bf16, unit column stride; rows are sorted by group.
+    w: (E, K, N) bf16, row-major per group, or a transposed view of an (E, N, K) tensor
+       (the `x @ W[e].T` layout), used without a copy.
+    offs: (E,) int32 cumulative end offsets on x's device; group e owns rows
+       [offs[e-1], offs[e]) with offs[-1] := 0; groups may be empty.
+    bias: optional (E, N) bf16.
+    Returns y (M, N) bf16; rows at or past offs[E-1] are zero. Differentiable with
+    respect to x, w and bias. With the compiled library the call never synchronises
+    with the host; the fallback reference reads offs on the host.
+    """
+    check_grouped_mm_args(x, w, offs, bias)
+    if _ops.REGISTERED:
+        return torch.ops.cute_moe.grouped_mm(x, w, offs, bias)
+    return grouped_mm_ref(x, w, offs, bias)

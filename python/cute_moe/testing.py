@@ -1,0 +1,131 @@
+# Test-data helpers shared by the tests and the benchmark: ragged group sizes for the
+# routing patterns an MoE layer sees, random grouped-GEMM problems, the relative error
+# every test reports, and the one tolerance table all tests use.
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reference import offsets_from_counts
+
+__all__ = ["ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
+           "group_sizes", "Problem", "random_problem"]
+
+# Largest accepted ||out - ref|| / ||ref|| against an fp32 (or finer) ground truth,
+# keyed by the dtype the output is rounded to.
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5,
+             torch.float64: 1e-12}
+
+# balanced: near-equal; skewed: Zipf-like with a few empty groups; empty: about half of
+# the groups empty; single: every row in one group.
+ROUTINGS = ("balanced", "skewed", "empty", "single")
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return TOLERANCE[dtype]
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; ||out|| when ref is all zeros."""
+    out, ref = out.detach().double(), ref.detach().double()
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
+    den = ref.norm().item()
+    num = (out - ref).norm().item()
+    return num / den if den > 0 else out.norm().item()
+
+
+def assert_rel_close(out: torch.Tensor, ref: torch.Tensor, name: str,
+                     dtype: torch.dtype | None = None) -> None:
+    tol = tolerance(dtype or out.dtype)
+    err = rel_error(out, ref)
+    if not err <= tol:  # also catches NaN
+        raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.0e}")
+
+
+def _rounded(weights: torch.Tensor, total: int) -> list[int]:
+    """Integer sizes proportional to `weights` summing to `total` (largest remainder)."""
+    share = weights / weights.sum() * total
+    sizes = share.floor().long()
+    rest = total - int(sizes.sum())
+    if rest:
+        sizes[torch.argsort(share - sizes, descending=True)[:rest]] += 1
+    return sizes.tolist()
+
+
+def group_sizes(total: int, num_groups: int, routing: str = "balanced", *,
+                generator: torch.Generator | None = None,
+                max_size: int | None = None) -> list[int]:
+    """Rows per group, summing to `total`, for a routing pattern of ROUTINGS.
+    `max_size` caps every group (e.g. at the token count under top-k routing)."""
+    g = generator
+    if routing == "balanced":
+        weights = torch.ones(num_groups, dtype=torch.float64)
+    elif routing == "skewed":
+        rank = torch.randperm(num_groups, generator=g).double()
+        weights = (rank + 1) ** -1.2
+        weights[rank >= max(1, num_groups - num_groups // 8)] = 0.0
+    elif routing == "empty":
+        weights = torch.rand(num_groups, generator=g, dtype=torch.float64) + 0.5
+        weights[torch.randperm(num_groups, generator=g)[: num_groups // 2]] = 0.0
+    elif routing == "single":
+        weights = torch.zeros(num_groups, dtype=torch.float64)
+        weights[torch.randint(num_groups, (1,), generator=g)] = 1.0
+    else:
+        raise ValueError(f"routing: expected one of {ROUTINGS}, got {routing!r}")
+    sizes = _rounded(weights, total)
+    if max_size is not None:
+        if max_size * int((weights > 0).sum()) < total:
+            raise ValueError(f"max_size={max_size} cannot hold {total} rows")
+        while max(sizes) > max_size:
+            excess = sum(max(0, s - max_size) for s in sizes)
+            sizes = [min(s, max_size) for s in sizes]
+            room = torch.tensor([max_size - s if w > 0 else 0 for s, w in zip(sizes, weights)],
+                                dtype=torch.float64)
+            sizes = [s + a for s, a in zip(sizes, _rounded(room, excess))]
+    return sizes
+
+
+@dataclass
+class Problem:
+    x: torch.Tensor       # (M, K)
+    weight: torch.Tensor  # leaf: (E, K, N) for layout "kn", (E, N, K) for layout "nk"
+    offs: torch.Tensor    # (E,) int32
+    bias: torch.Tensor | None  # (E, N)
+    sizes: list[int]
+    layout: str
+
+    @property
+    def w(self) -> torch.Tensor:
+        """The (E, K, N) operand: `weight`, or its transposed view for layout "nk"."""
+        return self.weight if self.layout == "kn" else self.weight.transpose(-2, -1)
+
+    @property
+    def used_rows(self) -> int:
+        return sum(self.sizes)
+
+
+def random_problem(m: int, k: int, n: int, num_groups: int, routing: str = "balanced", *,
+                   pad: int = 0, layout: str = "kn", bias: bool = False,
+                   dtype: torch.dtype = torch.bfloat16, device="cpu",
+                   generator: torch.Generator | None = None,
+                   requires_grad: bool = False) -> Problem:
+    """A grouped GEMM problem with m rows of which the last `pad` are padding (random
+    values the op must ignore). Values are scaled so that outputs are O(1)."""
+    if layout not in ("kn", "nk"):
+        raise ValueError(f"layout: expected 'kn' or 'nk', got {layout!r}")
+    g = generator
+    sizes = group_sizes(m - pad, num_groups, routing, generator=g)
+    x = torch.randn(m, k, generator=g)
+    shape = (num_groups, k, n) if layout == "kn" else (num_groups, n, k)
+    weight = torch.randn(*shape, generator=g) / k ** 0.5
+    b = torch.randn(num_groups, n, generator=g) if bias else None
+
+    def prep(t):
+        if t is None:
+            return None
+        return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    return Problem(prep(x), prep(weight), offsets_from_counts(sizes, device=device), prep(b),
+                   sizes, layout)

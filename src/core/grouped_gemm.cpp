@@ -1,0 +1,266 @@
+// The public grouped-GEMM entry points: validate, plan (kernel choice and workspace
+// layout), then enqueue setup kernel + GEMM (+ bias-gradient column sums).
+//
+// Workspace layout of one call:  [group arrays | CUTLASS workspace | column-sum scratch]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "cute_moe/grouped_gemm.h"
+#include "group_column_sum.h"
+#include "group_setup.h"
+#include "heuristics.h"
+#include "kernel_registry.h"
+
+namespace cute_moe {
+
+namespace {
+
+using detail::GroupedProblem;
+using detail::KernelEntry;
+using detail::KernelVariant;
+
+constexpr size_t kWorkspaceAlign = 128;
+
+size_t align_up(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+Result cuda_error(const char* what, cudaError_t err) {
+  return Result::error(Status::kCudaError, std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Multiprocessor count of the current device, cached per device.
+Result current_device(int* device, int* sm_count) {
+  cudaError_t err = cudaGetDevice(device);
+  if (err != cudaSuccess) return cuda_error("cudaGetDevice", err);
+  static std::mutex mu;
+  static int cached[64] = {0};
+  std::lock_guard<std::mutex> lock(mu);
+  if (*device < 64 && cached[*device] > 0) {
+    *sm_count = cached[*device];
+    return Result::success();
+  }
+  err = cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, *device);
+  if (err != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", err);
+  if (*device < 64) cached[*device] = *sm_count;
+  return Result::success();
+}
+
+const char* variant_name(KernelVariant v) {
+  switch (v) {
+    case KernelVariant::RaggedM_BRow: return "ragged_m (weight n-contiguous)";
+    case KernelVariant::RaggedM_BCol: return "ragged_m (weight k-contiguous)";
+    case KernelVariant::RaggedK_OutBF16: return "ragged_k (bf16 output)";
+    case KernelVariant::RaggedK_OutF32: return "ragged_k (fp32 output)";
+  }
+  return "?";
+}
+
+// Everything a call needs decided on the host before enqueueing.
+struct Plan {
+  const KernelEntry* kernel = nullptr;
+  int device = 0;
+  int sm_count = 0;
+  size_t arrays_bytes = 0;   // per-group arrays
+  size_t cutlass_bytes = 0;  // CUTLASS workspace (upper bound over the variant's kernels)
+  size_t scratch_bytes = 0;  // column-sum partials
+  size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
+};
+
+Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* plan) {
+  Result r = current_device(&plan->device, &plan->sm_count);
+  if (!r.ok()) return r;
+  if (opts.sm_count > 0) plan->sm_count = std::min(plan->sm_count, opts.sm_count);
+
+  const auto& registry = detail::kernel_registry();
+  const char* forced = opts.config != nullptr ? opts.config : std::getenv("CUTE_MOE_CONFIG");
+  int index = -1;
+  if (forced != nullptr && forced[0] != '\0') {
+    std::string available;
+    for (size_t i = 0; i < registry.size(); ++i) {
+      if (registry[i].config.variant != problem.variant) continue;
+      if (registry[i].name == forced) index = static_cast<int>(i);
+      available += (available.empty() ? "" : ", ") + registry[i].name;
+    }
+    if (index < 0) {
+      return Result::error(Status::kInvalidArgument, std::string("tile config '") + forced +
+                                                         "' is not compiled for " + variant_name(problem.variant) +
+                                                         "; available: " + available);
+    }
+  } else {
+    std::vector<detail::TileConfig> configs;
+    for (const auto& e : registry) configs.push_back(e.config);
+    index = detail::choose_tile_config(problem, configs, plan->sm_count);
+    if (index < 0) {
+      return Result::error(Status::kNotSupported,
+                           std::string("no kernel compiled for ") + variant_name(problem.variant));
+    }
+  }
+  plan->kernel = &registry[index];
+  for (const auto& e : registry) {
+    if (e.config.variant == problem.variant) {
+      plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
+    }
+  }
+  plan->arrays_bytes = detail::group_arrays_bytes(problem.num_groups);
+
+  const char* log = std::getenv("CUTE_MOE_LOG_CONFIG");
+  if (log != nullptr && std::strcmp(log, "0") != 0 && log[0] != '\0') {
+    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s\n", variant_name(problem.variant),
+                 static_cast<long long>(problem.m), static_cast<long long>(problem.n),
+                 static_cast<long long>(problem.k), problem.num_groups, plan->sm_count, plan->kernel->name.c_str(),
+                 forced != nullptr && forced[0] != '\0' ? " (forced)" : "");
+  }
+  return Result::success();
+}
+
+GroupedProblem problem_of(const RaggedMGemmArgs& a) {
+  return {a.w_stride_n == 1 ? KernelVariant::RaggedM_BRow : KernelVariant::RaggedM_BCol, a.m, a.n, a.k,
+          a.num_groups};
+}
+
+GroupedProblem problem_of(const RaggedKGemmArgs& a) {
+  return {a.dw_dtype == DType::kF32 ? KernelVariant::RaggedK_OutF32 : KernelVariant::RaggedK_OutBF16, a.m, a.n, a.k,
+          a.num_groups};
+}
+
+template <typename Args>
+Result plan_call(const Args& args, const GemmOptions& opts, Plan* plan) {
+  Result r = validate(args);
+  if (!r.ok()) return r;
+  return make_plan(problem_of(args), opts, plan);
+}
+
+Result check_workspace(const char* op, const Plan& plan, void* workspace, size_t bytes) {
+  if (bytes < plan.total()) {
+    return Result::error(Status::kInvalidArgument, std::string(op) + ": workspace too small: need " +
+                                                       std::to_string(plan.total()) + " bytes, got " +
+                                                       std::to_string(bytes));
+  }
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign != 0) {
+    return Result::error(Status::kInvalidArgument,
+                         std::string(op) + ": workspace must be a 128-byte aligned device pointer");
+  }
+  return Result::success();
+}
+
+detail::LaunchContext launch_context(const Plan& plan, void* workspace, cudaStream_t stream) {
+  detail::LaunchContext ctx;
+  ctx.device = plan.device;
+  ctx.sm_count = plan.sm_count;
+  ctx.workspace = static_cast<char*>(workspace) + align_up(plan.arrays_bytes);
+  ctx.workspace_bytes = plan.cutlass_bytes;
+  ctx.stream = stream;
+  return ctx;
+}
+
+}  // namespace
+
+Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *bytes = plan.total();
+  return r;
+}
+
+Result workspace_size(const RaggedKGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (!r.ok()) return r;
+  if (args.dbias != nullptr) plan.scratch_bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  *bytes = plan.total();
+  return r;
+}
+
+Result ragged_m_gemm(const RaggedMGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (!r.ok()) return r;
+  if (args.m == 0) return Result::success();  // no rows: nothing to compute or zero
+  r = check_workspace("ragged_m_gemm", plan, workspace, workspace_bytes);
+  if (!r.ok()) return r;
+
+  detail::GroupArrays groups = detail::carve_group_arrays(workspace, args.num_groups);
+  if (args.bias == nullptr) groups.bias = nullptr;  // the epilogue adds zero
+  cudaError_t err = detail::launch_ragged_m_setup(args, groups, plan.sm_count, stream);
+  if (err != cudaSuccess) return cuda_error("ragged_m_gemm setup kernel", err);
+  return plan.kernel->launch(groups, launch_context(plan, workspace, stream));
+}
+
+Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (!r.ok()) return r;
+  if (args.dbias != nullptr) plan.scratch_bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  r = check_workspace("ragged_k_gemm", plan, workspace, workspace_bytes);
+  if (!r.ok()) return r;
+
+  detail::GroupArrays groups = detail::carve_group_arrays(workspace, args.num_groups);
+  groups.bias = nullptr;
+  cudaError_t err = detail::launch_ragged_k_setup(args, groups, plan.sm_count, stream);
+  if (err != cudaSuccess) return cuda_error("ragged_k_gemm setup kernel", err);
+  if (args.m > 0) {  // with no rows every group is empty: the setup kernel wrote the zeros
+    r = plan.kernel->launch(groups, launch_context(plan, workspace, stream));
+    if (!r.ok()) return r;
+  }
+  if (args.dbias != nullptr) {
+    float* scratch = reinterpret_cast<float*>(static_cast<char*>(workspace) + align_up(plan.arrays_bytes) +
+                                              align_up(plan.cutlass_bytes));
+    err = detail::launch_group_column_sum(args.dy, args.m, args.n, args.lddy, args.offs, args.num_groups, args.dbias,
+                                          scratch, stream);
+    if (err != cudaSuccess) return cuda_error("ragged_k_gemm bias-gradient kernel", err);
+  }
+  return Result::success();
+}
+
+Result workspace_size(const GroupColumnSumArgs& args, size_t* bytes) {
+  Result r = validate(args);
+  if (r.ok()) *bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  return r;
+}
+
+Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream) {
+  Result r = validate(args);
+  if (!r.ok()) return r;
+  const size_t need = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  if (workspace_bytes < need || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return Result::error(Status::kInvalidArgument, "group_column_sum: workspace must be a 16-byte aligned device "
+                                                   "pointer to at least " + std::to_string(need) + " bytes, got " +
+                                                   std::to_string(workspace_bytes));
+  }
+  cudaError_t err = detail::launch_group_column_sum(args.src, args.m, args.n, args.ld, args.offs, args.num_groups,
+                                                    args.out, static_cast<float*>(workspace), stream);
+  return err == cudaSuccess ? Result::success() : cuda_error("group_column_sum kernel", err);
+}
+
+std::vector<std::string> list_tile_configs(GemmFamily family) {
+  std::vector<std::string> names;
+  for (const auto& e : detail::kernel_registry()) {
+    const bool ragged_m =
+        e.config.variant == KernelVariant::RaggedM_BRow || e.config.variant == KernelVariant::RaggedM_BCol;
+    if (ragged_m != (family == GemmFamily::kRaggedM)) continue;
+    bool seen = false;
+    for (const auto& n : names) seen = seen || n == e.name;
+    if (!seen) names.push_back(e.name);
+  }
+  return names;
+}
+
+Result chosen_tile_config(const RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *name = plan.kernel->name;
+  return r;
+}
+
+Result chosen_tile_config(const RaggedKGemmArgs& args, std::string* name, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *name = plan.kernel->name;
+  return r;
+}
+
+}  // namespace cute_moe

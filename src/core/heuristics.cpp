@@ -1,0 +1,63 @@
+// Tile-configuration heuristic: a wave-quantisation cost model (see heuristics.h).
+#include "heuristics.h"
+
+#include <cmath>
+#include <limits>
+
+namespace cute_moe::detail {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Throughput of a full tile relative to the 128x256 cooperative kernel, from the
+// measurements in docs/perf-notes.md: smaller tiles re-read more operand bytes per FLOP
+// and pingpong hides the epilogue, which matters most when tiles are small.
+double relative_rate(const TileConfig& c) {
+  const int area = c.tile_m * c.tile_n;
+  if (area >= 128 * 256) return 1.0;
+  if (area >= 128 * 128) return c.schedule == Schedule::Pingpong ? 0.95 : 0.9;
+  return 0.7;
+}
+
+bool is_ragged_m(KernelVariant v) { return v == KernelVariant::RaggedM_BRow || v == KernelVariant::RaggedM_BCol; }
+
+}  // namespace
+
+std::string tile_config_name(const TileConfig& c) {
+  return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_" +
+         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + "_" +
+         (c.schedule == Schedule::Cooperative ? "coop" : "pong");
+}
+
+int64_t output_tiles(const GroupedProblem& p, const TileConfig& c) {
+  if (is_ragged_m(p.variant)) {
+    // Each group's rows are padded to whole tiles; assume an even spread (the host does
+    // not know the routing) but never fewer than one row per non-empty group.
+    const int64_t rows_per_group = std::max<int64_t>(1, ceil_div(p.m, p.num_groups));
+    return p.num_groups * ceil_div(rows_per_group, c.tile_m) * ceil_div(p.n, c.tile_n);
+  }
+  return p.num_groups * ceil_div(p.k, c.tile_m) * ceil_div(p.n, c.tile_n);
+}
+
+double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count) {
+  const int64_t ctas = std::max(1, sm_count);
+  const int64_t waves = ceil_div(output_tiles(p, c), ctas);
+  return static_cast<double>(waves) * c.tile_m * c.tile_n / relative_rate(c);
+}
+
+int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count) {
+  int best = -1;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].variant != p.variant) continue;
+    const double cost = estimated_cost(p, candidates[i], sm_count);
+    if (cost < best_cost) {  // strict: ties keep the earlier (table-order) row
+      best_cost = cost;
+      best = static_cast<int>(i);
+    }
+  }
+  return best;
+}
+
+}  // namespace cute_moe::detail

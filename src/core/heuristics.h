@@ -1,0 +1,37 @@
+// Choosing a tile configuration for a grouped GEMM.
+//
+// The choice sees only what the host knows: the total row count m (an upper bound of
+// the routed rows), n, k and the group count, never the routing itself. It is a pure
+// function of those and the candidate list, so the C++ tests can check it without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_table.h"
+
+namespace cute_moe::detail {
+
+// "128x256x64_2x1_coop": the name users pass in GemmOptions::config / CUTE_MOE_CONFIG.
+std::string tile_config_name(const TileConfig& c);
+
+// The GEMM of one group, as the host sees it. For ragged M the rows per group are only
+// known on average (m / groups); for ragged K every group has the same (k x n) output.
+struct GroupedProblem {
+  KernelVariant variant;
+  int64_t m, n, k;
+  int32_t num_groups;
+};
+
+// Output tiles of one launch with this tile shape, the rows spread evenly over groups.
+int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
+
+// Estimated cost in arbitrary units: full waves of tiles over `sm_count` persistent
+// CTAs, each tile weighted by its area over the configuration's relative throughput.
+double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count);
+
+// Index into `candidates` of the cheapest configuration of p.variant, or -1 if none.
+int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
+
+}  // namespace cute_moe::detail

@@ -1,0 +1,179 @@
+// One grouped-GEMM kernel of kernel_table.h, assembled from CUTLASS 3.x SM90 pieces.
+//
+// Included only by the generated one-row translation units (build/kernels/*.cu), so each
+// instantiation compiles on its own and in parallel.
+//
+// Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
+//   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
+//                    (one warp), updating the TMA descriptors when the group changes
+//   warpgroups 1..2  consumers: WGMMA on the smem tiles, then the epilogue
+//                    (Cooperative: both work on one tile; Pingpong: alternate tiles)
+//   scheduler        PersistentTileSchedulerSm90Group: walks the groups' tiles reading
+//                    the per-group (M, N, K) from device memory, so the host never needs
+//                    the routing. Groups with M == 0 contribute no tile.
+// Epilogue (EVT): D = acc + bias[group] (row broadcast through an array of per-group
+//   pointers; a null array means no bias), rounded once to the output type.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "kernel_registry.h"
+
+namespace cute_moe::detail {
+
+template <KernelVariant V>
+struct VariantTraits;
+
+template <>
+struct VariantTraits<KernelVariant::RaggedM_BRow> {
+  using LayoutA = cutlass::layout::RowMajor;  // x (m, k), k contiguous
+  using LayoutB = cutlass::layout::RowMajor;  // W_e (k, n), n contiguous
+  using ElementD = cutlass::bfloat16_t;
+};
+template <>
+struct VariantTraits<KernelVariant::RaggedM_BCol> {
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;  // W_e (k, n), k contiguous
+  using ElementD = cutlass::bfloat16_t;
+};
+template <>
+struct VariantTraits<KernelVariant::RaggedK_OutBF16> {
+  using LayoutA = cutlass::layout::ColumnMajor;  // x_e^T (k, rows): k contiguous
+  using LayoutB = cutlass::layout::RowMajor;     // dy_e (rows, n): n contiguous
+  using ElementD = cutlass::bfloat16_t;
+};
+template <>
+struct VariantTraits<KernelVariant::RaggedK_OutF32> {
+  using LayoutA = cutlass::layout::ColumnMajor;
+  using LayoutB = cutlass::layout::RowMajor;
+  using ElementD = float;
+};
+
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+struct GroupedGemmTypes {
+  using Traits = VariantTraits<V>;
+  using ElementAB = cutlass::bfloat16_t;
+  using ElementBias = cutlass::bfloat16_t;
+  using ElementD = typename Traits::ElementD;
+  using ElementAccumulator = float;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+
+  using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
+  using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
+  static constexpr bool kCooperative = S == Schedule::Cooperative;
+  using MainloopSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+                                              cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+  // D = acc + bias_row[group], computed in fp32.
+  using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementBias*, float,
+                                                              cute::Stride<cute::_0, cute::_1, cute::_0>>;
+  using AddBias = cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementD, float,
+                                                         cutlass::FloatRoundStyle::round_to_nearest>;
+  using EpilogueTree =
+      cutlass::epilogue::fusion::Sm90EVT<AddBias, cutlass::epilogue::fusion::Sm90AccFetch, BiasRow>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, float,
+      void, LayoutD*, kAlignD,  // no C operand
+      ElementD, LayoutD*, kAlignD, EpilogueSchedule, EpilogueTree>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Traits::LayoutA*, kAlignAB,
+      ElementAB, typename Traits::LayoutB*, kAlignAB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  // group_setup.cu writes one int64 leading dimension per group; a packed CUTLASS stride
+  // of a 2-D operand holds exactly that one dynamic value (the others are static 0/1).
+  static_assert(sizeof(StrideA) == sizeof(int64_t) && sizeof(StrideB) == sizeof(int64_t) &&
+                    sizeof(StrideD) == sizeof(int64_t),
+                "expected packed strides with a single int64 leading dimension");
+  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
+                "expected (M, N, K) int32 problem shapes");
+
+  static typename Gemm::Arguments arguments(const GroupArrays& g, const LaunchContext& ctx) {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = ctx.device;
+    hw.sm_count = ctx.sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {g.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes),
+         nullptr},  // no host copy of the shapes: the scheduler reads them on the device
+        {reinterpret_cast<const ElementAB**>(g.a), reinterpret_cast<StrideA*>(g.lda),
+         reinterpret_cast<const ElementAB**>(g.b), reinterpret_cast<StrideB*>(g.ldb)},
+        {{}, nullptr, nullptr, reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
+        hw};
+    // EVT arguments: {children..., node}: {acc fetch, bias row, plus}.
+    args.epilogue.thread = {{}, {reinterpret_cast<const ElementBias* const*>(g.bias), ElementBias(0), {}}, {}};
+    return args;
+  }
+};
+
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+size_t KernelInstance<V, TM, TN, TK, CM, CN, S>::workspace_size(int32_t num_groups, int sm_count) {
+  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S>;
+  GroupArrays g;
+  g.num_groups = num_groups;
+  LaunchContext ctx;
+  ctx.sm_count = sm_count;
+  return Types::Gemm::get_workspace_size(Types::arguments(g, ctx));
+}
+
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+Result KernelInstance<V, TM, TN, TK, CM, CN, S>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
+  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S>;
+  auto args = Types::arguments(groups, ctx);
+  typename Types::Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) {
+    return Result::error(Status::kInternalError,
+                         std::string("CUTLASS cannot implement this grouped GEMM: ") + cutlassGetStatusString(st));
+  }
+  size_t need = Types::Gemm::get_workspace_size(args);
+  if (need > ctx.workspace_bytes) {
+    return Result::error(Status::kInternalError, "CUTLASS workspace too small: need " + std::to_string(need) +
+                                                     " bytes, have " + std::to_string(ctx.workspace_bytes));
+  }
+  st = gemm.initialize(args, ctx.workspace, ctx.stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(ctx.stream);
+  if (st != cutlass::Status::kSuccess) {
+    cudaError_t err = cudaGetLastError();
+    return Result::error(Status::kCudaError, std::string("grouped GEMM launch failed: ") +
+                                                 cutlassGetStatusString(st) + " (" + cudaGetErrorString(err) + ")");
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Result::error(Status::kCudaError, std::string("grouped GEMM launch failed: ") + cudaGetErrorString(err));
+  }
+  return Result::success();
+}
+
+}  // namespace cute_moe::detail
+
+// Expands one kernel_table.h row into an explicit instantiation.
+#define CUTE_MOE_INSTANTIATE_KERNEL(variant, tm, tn, tk, cm, cn, schedule)                                 \
+  template struct cute_moe::detail::KernelInstance<cute_moe::detail::KernelVariant::variant, tm, tn, tk, cm, \
+                                                   cn, cute_moe::detail::Schedule::schedule>;

@@ -1,0 +1,60 @@
+// Internal interface between the host API (grouped_gemm.cu) and the kernel
+// instantiations (kernel_instance.cuh, one generated .cu per kernel_table.h row).
+//
+// The host API builds the per-group arrays on the device (group_setup.cu), picks a row
+// of the table and calls its launch function; nothing here includes CUTLASS, so the
+// host side compiles quickly and the C++ tests can link it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cute_moe/status.h"
+#include "kernel_table.h"
+
+namespace cute_moe::detail {
+
+// Per-group arguments of one ptr-array launch; every pointer is device memory inside the
+// caller's workspace. Entry e describes group e. `problem_shapes` holds (M, N, K) int32
+// triples, the leading dimensions are in elements.
+struct GroupArrays {
+  int32_t num_groups = 0;
+  int32_t* problem_shapes = nullptr;
+  const void** a = nullptr;
+  const void** b = nullptr;
+  void** d = nullptr;
+  const void** bias = nullptr;  // null: no bias
+  int64_t* lda = nullptr;
+  int64_t* ldb = nullptr;
+  int64_t* ldd = nullptr;
+};
+
+struct LaunchContext {
+  int device = 0;
+  int sm_count = 0;
+  void* workspace = nullptr;  // CUTLASS's own workspace (tensor maps)
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+struct KernelInstance {
+  static Result launch(const GroupArrays& groups, const LaunchContext& ctx);
+  static size_t workspace_size(int32_t num_groups, int sm_count);
+};
+
+struct KernelEntry {
+  TileConfig config;
+  std::string name;  // tile_config_name(config), e.g. "128x256x64_2x1_coop"
+  Result (*launch)(const GroupArrays&, const LaunchContext&);
+  size_t (*workspace_size)(int32_t num_groups, int sm_count);
+};
+
+// Every row of kernel_table.h, in table order.
+const std::vector<KernelEntry>& kernel_registry();
+
+}  // namespace cute_moe::detail

@@ -1,0 +1,50 @@
+// The table of grouped-GEMM kernels compiled into the library.
+//
+// One row = one kernel instantiation = one generated translation unit (CMake reads the
+// rows of CUTE_MOE_KERNEL_TABLE below with a regex, so keep one row per line). The
+// runtime dispatch table is built from the same rows, so adding a configuration is
+// adding a line here; the heuristic (heuristics.cpp) decides when it is used.
+//
+// Columns: X(variant, tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
+//   variant   which operands/layouts (see KernelVariant)
+//   tile_*    CTA tile (BLK_M, BLK_N, BLK_K)
+//   cluster_* thread-block cluster (multicast of the shared operand)
+//   schedule  Cooperative (2 consumer warpgroups share one tile) or Pingpong (they
+//             alternate tiles, overlapping one's epilogue with the other's mainloop)
+#pragma once
+
+// clang-format off
+#define CUTE_MOE_KERNEL_TABLE(X) \
+  X(RaggedM_BRow,   128, 256,  64, 2, 1, Cooperative) \
+  X(RaggedM_BRow,   128, 128,  64, 2, 1, Pingpong) \
+  X(RaggedM_BRow,    64, 128, 128, 1, 1, Pingpong) \
+  X(RaggedM_BCol,   128, 256,  64, 2, 1, Cooperative) \
+  X(RaggedM_BCol,   128, 128,  64, 2, 1, Pingpong) \
+  X(RaggedM_BCol,    64, 128, 128, 1, 1, Pingpong) \
+  X(RaggedK_OutBF16, 128, 256, 64, 2, 1, Cooperative) \
+  X(RaggedK_OutBF16, 128, 128, 64, 2, 1, Pingpong) \
+  X(RaggedK_OutF32,  128, 256, 64, 2, 1, Cooperative) \
+  X(RaggedK_OutF32,  128, 128, 64, 2, 1, Pingpong)
+// clang-format on
+
+namespace cute_moe::detail {
+
+// Operand layouts and output type of a kernel; the variant is fixed by the arguments
+// (weight layout, gradient dtype), the tile configuration by the heuristic.
+enum class KernelVariant {
+  RaggedM_BRow,     // y = x @ W_e,   W_e (k x n) with unit stride along n
+  RaggedM_BCol,     // y = x @ W_e,   W_e (k x n) with unit stride along k
+  RaggedK_OutBF16,  // dw_e = x_e^T @ dy_e, bf16 output
+  RaggedK_OutF32,   // dw_e = x_e^T @ dy_e, fp32 output
+};
+
+enum class Schedule { Cooperative, Pingpong };
+
+struct TileConfig {
+  KernelVariant variant;
+  int tile_m, tile_n, tile_k;
+  int cluster_m, cluster_n;
+  Schedule schedule;
+};
+
+}  // namespace cute_moe::detail

@@ -1,0 +1,123 @@
+// Host-side argument validation of the core API: every rule a kernel relies on, checked
+// before anything is enqueued, with messages that carry the actual values.
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "cute_moe/grouped_gemm.h"
+
+namespace cute_moe {
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::kSuccess: return "success";
+    case Status::kInvalidArgument: return "invalid argument";
+    case Status::kNotSupported: return "not supported";
+    case Status::kCudaError: return "CUDA error";
+    case Status::kInternalError: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kBF16: return "bfloat16";
+    case DType::kF32: return "float32";
+  }
+  return "unknown dtype";
+}
+
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Collects the first failed rule as an error Result.
+class Checker {
+ public:
+  explicit Checker(const char* op) : op_(op) {}
+
+  template <typename... Parts>
+  Checker& require(bool ok, const Parts&... parts) {
+    if (!ok && result_.ok()) {
+      std::ostringstream msg;
+      msg << op_ << ": ";
+      (msg << ... << parts);
+      result_ = Result::error(Status::kInvalidArgument, msg.str());
+    }
+    return *this;
+  }
+
+  Checker& group_count(int32_t num_groups) {
+    return require(num_groups >= 1 && num_groups <= kMaxGroups, "num_groups must be in [1, ", kMaxGroups,
+                   "], got ", num_groups);
+  }
+  // A dimension that becomes the contiguous extent of a TMA-loaded row.
+  Checker& row_dim(const char* name, int64_t v) {
+    return require(v > 0 && v % 8 == 0 && v <= kInt32Max, name,
+                   " must be a positive multiple of 8 (rows of 16 bytes for TMA) below 2^31, got ", name, "=", v);
+  }
+  Checker& rows(int64_t m) {
+    return require(m >= 0 && m <= kInt32Max, "m (rows) must be in [0, 2^31), got m=", m);
+  }
+  Checker& leading_dim(const char* name, int64_t ld, int64_t min, const char* min_name) {
+    return require(ld >= min && ld % 8 == 0, name, " must be a multiple of 8 elements (16 bytes) and >= ", min_name,
+                   "=", min, ", got ", name, "=", ld);
+  }
+  Checker& pointer(const char* name, const void* p, bool required = true) {
+    if (p == nullptr) return require(!required, name, " must not be null");
+    return require(reinterpret_cast<uintptr_t>(p) % 16 == 0, name, " must be 16-byte aligned, got address ", p);
+  }
+
+  Result result() const { return result_; }
+
+ private:
+  const char* op_;
+  Result result_;
+};
+
+}  // namespace
+
+Result validate(const RaggedMGemmArgs& a) {
+  Checker c("ragged_m_gemm");
+  c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n).row_dim("k", a.k);
+  c.pointer("offs", a.offs).pointer("w", a.w).pointer("x", a.x, a.m > 0).pointer("y", a.y, a.m > 0);
+  c.pointer("bias", a.bias, false);
+  c.leading_dim("ldx", a.ldx, a.k, "k").leading_dim("ldy", a.ldy, a.n, "n");
+  c.require(a.w_stride_k == 1 || a.w_stride_n == 1,
+            "the weight needs a unit stride along k or along n (a row-major (E, k, n) tensor or a transposed view of "
+            "an (E, n, k) one), got w_stride_k=", a.w_stride_k, ", w_stride_n=", a.w_stride_n);
+  if (a.w_stride_n == 1) {
+    c.leading_dim("w_stride_k", a.w_stride_k, a.n, "n");
+  } else {
+    c.leading_dim("w_stride_n", a.w_stride_n, a.k, "k");
+  }
+  c.require(a.w_stride_group >= 0 && a.w_stride_group % 8 == 0,
+            "w_stride_group must be a non-negative multiple of 8 elements (16-byte aligned expert matrices), got ",
+            a.w_stride_group);
+  if (a.bias != nullptr) {
+    c.require(a.bias_stride_group >= 0 && a.bias_stride_group % 8 == 0,
+              "bias_stride_group must be a non-negative multiple of 8 elements, got ", a.bias_stride_group);
+  }
+  return c.result();
+}
+
+Result validate(const RaggedKGemmArgs& a) {
+  Checker c("ragged_k_gemm");
+  c.group_count(a.num_groups).rows(a.m).row_dim("k", a.k).row_dim("n", a.n);
+  c.pointer("offs", a.offs).pointer("dw", a.dw).pointer("x", a.x, a.m > 0).pointer("dy", a.dy, a.m > 0);
+  c.pointer("dbias", a.dbias, false);
+  c.leading_dim("ldx", a.ldx, a.k, "k").leading_dim("lddy", a.lddy, a.n, "n");
+  c.require(a.dw_dtype == DType::kBF16 || a.dw_dtype == DType::kF32, "dw_dtype must be bfloat16 or float32");
+  return c.result();
+}
+
+Result validate(const GroupColumnSumArgs& a) {
+  Checker c("group_column_sum");
+  c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);
+  c.pointer("offs", a.offs).pointer("out", a.out).pointer("src", a.src, a.m > 0);
+  c.leading_dim("ld", a.ld, a.n, "n");
+  return c.result();
+}
+
+}  // namespace cute_moe

@@ -1,0 +1,109 @@
+// Per-group math shared by the host and the setup kernels, and the slot scheme of the
+// deterministic column sums, checked on random routings.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <vector>
+
+#include "group_column_sum.h"
+#include "group_setup.h"
+
+namespace {
+
+using namespace cute_moe::detail;
+
+std::vector<int32_t> random_offsets(std::mt19937& rng, int groups, int max_rows, double empty_fraction) {
+  std::vector<int32_t> offs(groups);
+  std::uniform_int_distribution<int> rows(0, max_rows);
+  std::bernoulli_distribution empty(empty_fraction);
+  int32_t total = 0;
+  for (int e = 0; e < groups; ++e) {
+    total += empty(rng) ? 0 : rows(rng);
+    offs[e] = total;
+  }
+  return offs;
+}
+
+TEST(GroupRows, CumulativeEndOffsets) {
+  const std::vector<int32_t> offs = {128, 192, 192, 448};
+  EXPECT_EQ(group_rows(offs.data(), 0).begin, 0);
+  EXPECT_EQ(group_rows(offs.data(), 0).end, 128);
+  EXPECT_EQ(group_rows(offs.data(), 2).count(), 0);
+  EXPECT_EQ(group_rows(offs.data(), 3).begin, 192);
+  EXPECT_TRUE(group_rows(offs.data(), 3).valid(448));
+  EXPECT_FALSE(group_rows(offs.data(), 3).valid(447));  // past m
+  const std::vector<int32_t> decreasing = {10, 5};
+  EXPECT_FALSE(group_rows(decreasing.data(), 1).valid(100));
+  const std::vector<int32_t> negative = {-1};
+  EXPECT_FALSE(group_rows(negative.data(), 0).valid(100));
+}
+
+TEST(ProblemShapes, RaggedMAndRaggedK) {
+  int32_t s[3];
+  ragged_m_problem({100, 164}, 5760, 2880, s);
+  EXPECT_EQ(s[0], 64); EXPECT_EQ(s[1], 5760); EXPECT_EQ(s[2], 2880);
+  ragged_m_problem({164, 164}, 5760, 2880, s);
+  EXPECT_EQ(s[0], 0);  // an empty group has no tile
+  ragged_k_problem({100, 164}, 2880, 5760, s);
+  EXPECT_EQ(s[0], 5760); EXPECT_EQ(s[1], 2880); EXPECT_EQ(s[2], 64);
+  ragged_k_problem({164, 164}, 2880, 5760, s);
+  EXPECT_EQ(s[0], 0);  // skipped by the scheduler, zero-filled by the setup kernel
+  EXPECT_EQ(s[2], 0);
+}
+
+TEST(GroupArrays, CarvedArraysAreAlignedAndDisjoint) {
+  for (int32_t groups : {1, 3, 32, 1000, 65536}) {
+    const size_t bytes = group_arrays_bytes(groups);
+    std::vector<char> buf(bytes + 128);
+    char* base = buf.data() + (128 - reinterpret_cast<uintptr_t>(buf.data()) % 128) % 128;
+    GroupArrays g = carve_group_arrays(base, groups);
+    std::vector<std::pair<const char*, size_t>> arrays = {
+        {reinterpret_cast<const char*>(g.problem_shapes), 12u * groups},
+        {reinterpret_cast<const char*>(g.a), 8u * groups},   {reinterpret_cast<const char*>(g.b), 8u * groups},
+        {reinterpret_cast<const char*>(g.d), 8u * groups},   {reinterpret_cast<const char*>(g.bias), 8u * groups},
+        {reinterpret_cast<const char*>(g.lda), 8u * groups}, {reinterpret_cast<const char*>(g.ldb), 8u * groups},
+        {reinterpret_cast<const char*>(g.ldd), 8u * groups}};
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(arrays[i].first) % 128, 0u);
+      EXPECT_LE(arrays[i].first + arrays[i].second, base + bytes);
+      if (i > 0) EXPECT_GE(arrays[i].first, arrays[i - 1].first + arrays[i - 1].second);
+    }
+  }
+}
+
+// Host model of pass 1 of the column sums: the (chunk, group) pairs that share rows.
+std::vector<std::pair<int64_t, int64_t>> chunk_group_pairs(const std::vector<int32_t>& offs) {
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  const int64_t used = offs.back();
+  for (int64_t c = 0; c < column_sum_chunks(used); ++c) {
+    const int64_t lo = c * kColumnSumChunkRows, hi = std::min(lo + kColumnSumChunkRows, used);
+    for (int64_t g = 0; g < static_cast<int64_t>(offs.size()); ++g) {
+      const GroupRows r = group_rows(offs.data(), static_cast<int32_t>(g));
+      if (std::max(r.begin, lo) < std::min(r.end, hi)) pairs.emplace_back(c, g);
+    }
+  }
+  return pairs;
+}
+
+TEST(ColumnSumSlots, AreUniqueAndInBoundsOnRandomRoutings) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int groups = 1 + static_cast<int>(rng() % 300);
+    const auto offs = random_offsets(rng, groups, static_cast<int>(1 + rng() % 700), 0.3);
+    const int64_t m = offs.back() + static_cast<int64_t>(rng() % 50);  // padding rows too
+    std::set<int64_t> slots;
+    for (auto [c, g] : chunk_group_pairs(offs)) {
+      const int64_t slot = column_sum_slot(c, g);
+      EXPECT_TRUE(slots.insert(slot).second) << "slot collision at chunk " << c << " group " << g;
+      EXPECT_LT(slot, column_sum_chunks(m) + groups);
+    }
+  }
+}
+
+TEST(ColumnSumSlots, WorkspaceCoversEverySlot) {
+  EXPECT_EQ(column_sum_workspace_bytes(98304, 2880, 32), size_t(768 + 32) * 2880 * 4);
+  EXPECT_EQ(column_sum_workspace_bytes(0, 64, 4), size_t(4) * 64 * 4);
+}
+
+}  // namespace

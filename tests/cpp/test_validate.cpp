@@ -1,0 +1,102 @@
+// Argument validation of the core API: each rule rejects with a message naming the
+// argument and its value; valid arguments pass.
+#include <gtest/gtest.h>
+
+#include "cute_moe/grouped_gemm.h"
+
+namespace {
+
+using cute_moe::RaggedKGemmArgs;
+using cute_moe::RaggedMGemmArgs;
+using cute_moe::Status;
+
+// Host-side validation never dereferences: aligned fake addresses are enough.
+const void* fake(uintptr_t a) { return reinterpret_cast<const void*>(a); }
+
+RaggedMGemmArgs valid_m() {
+  RaggedMGemmArgs a;
+  a.m = 1000; a.n = 2880; a.k = 1440; a.num_groups = 32;
+  a.offs = static_cast<const int32_t*>(fake(0x10000));
+  a.x = fake(0x20000); a.ldx = a.k;
+  a.w = fake(0x30000); a.w_stride_group = a.k * a.n; a.w_stride_k = a.n; a.w_stride_n = 1;
+  a.y = const_cast<void*>(fake(0x40000)); a.ldy = a.n;
+  return a;
+}
+
+RaggedKGemmArgs valid_k() {
+  RaggedKGemmArgs a;
+  a.m = 1000; a.k = 2880; a.n = 1440; a.num_groups = 8;
+  a.offs = static_cast<const int32_t*>(fake(0x10000));
+  a.x = fake(0x20000); a.ldx = a.k;
+  a.dy = fake(0x30000); a.lddy = a.n;
+  a.dw = const_cast<void*>(fake(0x40000));
+  return a;
+}
+
+template <typename Args>
+void expect_rejected(const Args& a, const std::string& needle) {
+  cute_moe::Result r = cute_moe::validate(a);
+  EXPECT_EQ(r.status, Status::kInvalidArgument) << "expected a rejection mentioning '" << needle << "'";
+  EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
+}
+
+TEST(ValidateRaggedM, AcceptsBothWeightLayoutsAndBias) {
+  RaggedMGemmArgs a = valid_m();
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.w_stride_k = 1; a.w_stride_n = a.k;  // transposed view of (E, n, k)
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.bias = fake(0x50000); a.bias_stride_group = a.n;
+  EXPECT_TRUE(cute_moe::validate(a).ok());
+}
+
+TEST(ValidateRaggedM, AcceptsEmptyInputWithNullRows) {
+  RaggedMGemmArgs a = valid_m();
+  a.m = 0; a.x = nullptr; a.y = nullptr;
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+}
+
+TEST(ValidateRaggedM, RejectsEachBrokenRule) {
+  RaggedMGemmArgs a;
+  a = valid_m(); a.num_groups = 0;                       expect_rejected(a, "num_groups must be in [1, 65536], got 0");
+  a = valid_m(); a.num_groups = cute_moe::kMaxGroups + 1; expect_rejected(a, "got 65537");
+  a = valid_m(); a.n = 2881;                             expect_rejected(a, "n=2881");
+  a = valid_m(); a.k = 12;                               expect_rejected(a, "k=12");
+  a = valid_m(); a.m = -1;                               expect_rejected(a, "m=-1");
+  a = valid_m(); a.m = int64_t(1) << 31;                 expect_rejected(a, "m (rows) must be in [0, 2^31)");
+  a = valid_m(); a.offs = nullptr;                       expect_rejected(a, "offs must not be null");
+  a = valid_m(); a.x = fake(0x20008);                    expect_rejected(a, "x must be 16-byte aligned");
+  a = valid_m(); a.y = nullptr;                          expect_rejected(a, "y must not be null");
+  a = valid_m(); a.bias = fake(0x50004);                 expect_rejected(a, "bias must be 16-byte aligned");
+  a = valid_m(); a.ldx = a.k - 8;                        expect_rejected(a, "ldx must be a multiple of 8");
+  a = valid_m(); a.ldy = a.n + 4;                        expect_rejected(a, "ldy=2884");
+  a = valid_m(); a.w_stride_n = 2;                       expect_rejected(a, "unit stride along k or along n");
+  a = valid_m(); a.w_stride_k = 100;                     expect_rejected(a, "w_stride_k=100");
+  a = valid_m(); a.w_stride_group = 4;                   expect_rejected(a, "w_stride_group");
+  a = valid_m(); a.bias = fake(0x50000); a.bias_stride_group = 3; expect_rejected(a, "bias_stride_group");
+}
+
+TEST(ValidateRaggedM, MessageNamesTheOp) {
+  RaggedMGemmArgs a = valid_m();
+  a.n = 7;
+  EXPECT_EQ(cute_moe::validate(a).message.rfind("ragged_m_gemm: ", 0), 0u);
+}
+
+TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
+  RaggedKGemmArgs a = valid_k();
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.dw_dtype = cute_moe::DType::kF32;
+  a.dbias = static_cast<float*>(const_cast<void*>(fake(0x60000)));
+  EXPECT_TRUE(cute_moe::validate(a).ok());
+  a = valid_k(); a.lddy = 10;                   expect_rejected(a, "lddy=10");
+  a = valid_k(); a.dw = nullptr;                expect_rejected(a, "dw must not be null");
+  a = valid_k(); a.dbias = reinterpret_cast<float*>(0x60004); expect_rejected(a, "dbias must be 16-byte aligned");
+  a = valid_k(); a.k = 0;                       expect_rejected(a, "k=0");
+  a = valid_k(); a.dw_dtype = static_cast<cute_moe::DType>(7); expect_rejected(a, "dw_dtype");
+}
+
+TEST(StatusNames, AreReadable) {
+  EXPECT_STREQ(cute_moe::status_name(Status::kInvalidArgument), "invalid argument");
+  EXPECT_STREQ(cute_moe::dtype_name(cute_moe::DType::kF32), "float32");
+}
+
+}  // namespace

@@ -1,0 +1,215 @@
+# GPU tests of the cute_moe grouped GEMMs against the fp32 references: a sweep of random
+# ragged problems (empty groups, padding rows, E from 1 to 1024, sizes off the tile
+# grid, both weight layouts, with and without bias) through forward and backward, the
+# wgrad op's output dtypes, determinism, host-sync freedom and CUDA-graph replay with
+# new routing. Needs a CUDA device and the compiled library.
+import random
+
+import pytest
+import torch
+
+import cute_moe
+from cute_moe import testing
+from cute_moe.reference import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_wgrad_ref,
+                                offsets_from_counts)
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded "
+                       "(pip install --no-build-isolation .)"),
+]
+
+BF16, F32 = torch.bfloat16, torch.float32
+TOL = testing.tolerance(BF16)
+
+
+def _make_cases(count=56, seed=2024):
+    rng = random.Random(seed)
+    experts = [1, 2, 3, 7, 16, 32, 64, 128, 257, 1024]
+    dims = [8, 40, 72, 136, 200, 264, 520, 776, 128, 256]  # multiples of 8, mostly not of 64
+    cases = []
+    for i in range(count):
+        e = experts[i % len(experts)]
+        m = rng.randrange(1, 3001) | 1  # odd: never a tile multiple
+        pad = rng.choice([0, 0, 1, rng.randrange(1, 200)])
+        cases.append(dict(m=m + pad, k=rng.choice(dims), n=rng.choice(dims), e=e,
+                          routing=rng.choice(testing.ROUTINGS), pad=pad,
+                          layout=("kn", "nk")[(i // len(experts)) % 2],
+                          bias=(i // (2 * len(experts))) % 2 == 1, seed=i))
+    return cases
+
+
+CASES = _make_cases()
+
+
+def _case_id(c):
+    return (f"m{c['m']}-k{c['k']}-n{c['n']}-E{c['e']}-{c['routing']}-pad{c['pad']}-"
+            f"{c['layout']}{'-bias' if c['bias'] else ''}")
+
+
+def _problem(c, requires_grad=True):
+    g = torch.Generator().manual_seed(c["seed"])
+    p = testing.random_problem(c["m"], c["k"], c["n"], c["e"], c["routing"], pad=c["pad"],
+                               layout=c["layout"], bias=c["bias"], device="cuda", generator=g,
+                               requires_grad=requires_grad)
+    dy = torch.randn(c["m"], c["n"], generator=g).to(device="cuda", dtype=BF16)
+    return p, dy
+
+
+def _poison(*shapes):
+    """Fill freed allocator blocks of these shapes with NaN, so that an output that
+    reuses one and leaves elements unwritten shows them."""
+    blocks = [torch.full(s, float("nan"), dtype=BF16, device="cuda") for s in shapes]
+    del blocks
+
+
+def _forward_backward(p, dy):
+    _poison(dy.shape, p.x.shape)
+    y = cute_moe.grouped_mm(p.x, p.w, p.offs, p.bias)
+    leaves = [p.x, p.weight] + ([p.bias] if p.bias is not None else [])
+    grads = torch.autograd.grad(y, leaves, dy)
+    return (y, *grads) if p.bias is not None else (y, *grads, None)
+
+
+def _references(p, dy):
+    y = grouped_mm_ref(p.x, p.w, p.offs, p.bias, out_dtype=F32)
+    dx = grouped_mm_ref(dy, p.w.transpose(-2, -1), p.offs, out_dtype=F32)
+    dw = grouped_mm_wgrad_ref(p.x, dy, p.offs, out_dtype=F32)
+    if p.layout == "nk":
+        dw = dw.transpose(-2, -1)
+    db = grouped_bias_grad_ref(dy, p.offs) if p.bias is not None else None
+    return y, dx, dw, db
+
+
+def _check(p, outs, refs):
+    used = p.used_rows
+    empty = torch.tensor(p.sizes, device="cuda") == 0
+    for name, out, ref in zip(("y", "dx", "dw", "db"), outs, refs):
+        if ref is None:
+            continue
+        assert not out.isnan().any(), f"{name} has NaNs"
+        err = testing.rel_error(out, ref)
+        assert err <= TOL, f"{name}: relative error {err:.3e} > {TOL:.0e}"
+    y, dx, dw, db = outs
+    assert torch.all(y[used:] == 0), "y: padding rows not zero"
+    assert torch.all(dx[used:] == 0), "dx: padding rows not zero"
+    assert torch.all(dw[empty] == 0), "dw: empty groups not exactly zero"
+    if db is not None:
+        assert torch.all(db[empty] == 0), "db: empty groups not exactly zero"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_forward_backward_matches_reference(case):
+    p, dy = _problem(case)
+    outs = _forward_backward(p, dy)
+    assert outs[0].shape == (case["m"], case["n"]) and outs[0].dtype == BF16
+    assert outs[2].stride() == p.weight.stride(), "dw does not have the weight's layout"
+    with torch.no_grad():
+        _check(p, outs, _references(p, dy))
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, F32])
+@pytest.mark.parametrize("bias_grad", [False, True])
+@pytest.mark.parametrize("case", CASES[:12], ids=_case_id)
+def test_wgrad_op(case, out_dtype, bias_grad):
+    p, dy = _problem(case, requires_grad=False)
+    _poison((case["e"], case["k"], case["n"]))
+    dw, db = torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, out_dtype, bias_grad)
+    assert dw.dtype == out_dtype and dw.shape == (case["e"], case["k"], case["n"])
+    assert dw.is_contiguous() and not dw.isnan().any()
+    err = testing.rel_error(dw, grouped_mm_wgrad_ref(p.x, dy, p.offs, out_dtype=F32))
+    # An fp32 dw must not have been rounded to bf16 on the way (that alone gives ~2e-3).
+    limit = 1e-4 if out_dtype == F32 else TOL
+    assert err <= limit, f"dw: relative error {err:.3e} > {limit:.0e}"
+    empty = torch.tensor(p.sizes, device="cuda") == 0
+    assert torch.all(dw[empty] == 0)
+    if bias_grad:
+        assert db.shape == (case["e"], case["n"]) and db.dtype == F32
+        testing.assert_rel_close(db, grouped_bias_grad_ref(dy, p.offs), "db", BF16)
+        assert torch.all(db[empty] == 0)
+    else:
+        assert db.shape == (0,) and db.dtype == F32
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["e"] in (7, 1024)][:4], ids=_case_id)
+def test_deterministic(case):
+    p, dy = _problem(case)
+    first = _forward_backward(p, dy)
+    second = _forward_backward(p, dy)
+    for name, a, b in zip(("y", "dx", "dw", "db"), first, second):
+        assert a is None or torch.equal(a, b), f"{name} differs between two runs"
+    w32 = [torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, F32, True) for _ in range(2)]
+    assert torch.equal(w32[0][0], w32[1][0]) and torch.equal(w32[0][1], w32[1][1])
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_no_host_sync(layout):
+    c = dict(CASES[3], layout=layout, bias=True)
+    p, dy = _problem(c)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = _forward_backward(p, dy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    with torch.no_grad():
+        _check(p, outs, _references(p, dy))
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_cuda_graph_replay_with_new_routing(layout):
+    m, k, n, e = 1531, 136, 200, 16
+    c = dict(m=m, k=k, n=n, e=e, routing="balanced", pad=11, layout=layout, bias=True, seed=9)
+    p, dy = _problem(c)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            _forward_backward(p, dy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = _forward_backward(p, dy)
+
+    g = torch.Generator().manual_seed(10)
+    for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300), ("balanced", m)):
+        p.sizes = testing.group_sizes(m - pad, e, routing, generator=g)
+        with torch.no_grad():
+            p.offs.copy_(offsets_from_counts(p.sizes, device="cuda"))
+            p.x.copy_(torch.randn(m, k, generator=g).to(BF16))
+            dy.copy_(torch.randn(m, n, generator=g).to(BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            _check(p, outs, _references(p, dy))
+
+
+_BAD_OFFS_SCRIPT = r"""
+import sys, torch, cute_moe
+x = torch.randn(64, 16, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(3, 16, 8, device="cuda", dtype=torch.bfloat16)
+offs = torch.tensor(%s, device="cuda", dtype=torch.int32)
+try:
+    cute_moe.grouped_mm(x, w, offs)
+    torch.cuda.synchronize()
+except RuntimeError as exc:
+    print("RAISED", str(exc).splitlines()[0])
+    sys.exit(3)
+print("NO ERROR")
+"""
+
+
+@pytest.mark.parametrize("offs", ["[10, 5, 64]", "[10, 20, 65]", "[-4, 20, 30]"],
+                         ids=["decreasing", "past-m", "negative"])
+def test_invalid_offs_stop_the_kernel_with_a_message(offs):
+    # A device-side check cannot raise like a host check: it prints and traps, which
+    # poisons the CUDA context, so it runs in a child process.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", _BAD_OFFS_SCRIPT % offs], capture_output=True,
+                          text=True, timeout=120, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert "invalid offs at group" in out, out
