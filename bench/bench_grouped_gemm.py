@@ -64,6 +64,21 @@ def compiled_configs(kind: str) -> list[str]:
     return names
 
 
+SCHEDULE_KNOBS = ("CUTE_MOE_CONFIG", "CUTE_MOE_RASTER", "CUTE_MOE_SWIZZLE")
+
+
+def sweep_variants(kind: str) -> dict[str, dict[str, str]]:
+    """Every compiled tile config with the default tile order, then the three main configs
+    with other raster orders and swizzles: name -> environment overrides."""
+    configs = compiled_configs(kind)
+    variants = {name: {"CUTE_MOE_CONFIG": name} for name in configs}
+    for name in configs[:3]:
+        for raster, swizzle in (("m", 2), ("m", 4), ("n", 1), ("n", 2)):
+            variants[f"{name}/r{raster}s{swizzle}"] = {
+                "CUTE_MOE_CONFIG": name, "CUTE_MOE_RASTER": raster, "CUTE_MOE_SWIZZLE": str(swizzle)}
+    return variants
+
+
 def time_ms(fn, reps: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
@@ -114,15 +129,15 @@ def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
                flops=2 * sum(sizes) * g.k * g.n, torch_error=None)
     out = ours()
     row["ours_ms"] = time_ms(ours, reps, warmup)
-    if sweep:  # every compiled tile config, forced one at a time
-        chosen = os.environ.pop("CUTE_MOE_CONFIG", None)
+    if sweep:  # forced configurations, one at a time (the library reads the environment per call)
+        saved = {k: os.environ.pop(k) for k in SCHEDULE_KNOBS if k in os.environ}
         row["configs"] = {}
-        for name in compiled_configs(g.kind):
-            os.environ["CUTE_MOE_CONFIG"] = name
+        for name, env in sweep_variants(g.kind).items():
+            os.environ.update(env)
             row["configs"][name] = time_ms(ours, reps, warmup)
-        os.environ.pop("CUTE_MOE_CONFIG")
-        if chosen is not None:
-            os.environ["CUTE_MOE_CONFIG"] = chosen
+            for k in env:
+                os.environ.pop(k)
+        os.environ.update(saved)
     try:
         ref = theirs()
         row["torch_ms"] = time_ms(theirs, reps, warmup)
@@ -134,6 +149,8 @@ def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
 
 
 def git_commit() -> str | None:
+    if os.environ.get("CUTE_MOE_GIT_COMMIT"):  # set where the checkout has no .git (GPU machine)
+        return os.environ["CUTE_MOE_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, cwd=os.path.dirname(os.path.abspath(__file__))
@@ -233,10 +250,12 @@ def main(argv=None) -> int:
 
     print_table(rows)
     if args.sweep:
-        print("\ntile-config sweep (ms; 'ours ms' above is the heuristic's choice):")
+        print("\ntile-config sweep (ms; 'ours ms' above is the heuristic's choice; best first):")
         for r in rows:
-            cells = [f"{name} {ms:.3f}" for name, ms in r["configs"].items()]
-            print(f"  {r['shape']}/{r['routing']}/{r['gemm']}: " + "  ".join(cells))
+            best = sorted(r["configs"].items(), key=lambda kv: kv[1])
+            cells = [f"{name} {ms:.3f}" for name, ms in best[:6]]
+            print(f"  {r['shape']}/{r['routing']}/{r['gemm']} (torch {fmt(r['torch_ms'], '.3f')}): "
+                  + "  ".join(cells))
     bad = [r for r in rows if r["rel_error"] is not None and not r["rel_error"] <= SPOT_CHECK_TOL]
     for r in bad:
         print(f"MISMATCH {r['shape']}/{r['routing']}/{r['gemm']}: rel error vs "

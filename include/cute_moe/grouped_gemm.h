@@ -104,6 +104,12 @@ struct GemmOptions {
   const char* config = nullptr;
   // Multiprocessors the persistent kernels may use; 0 means all of the device's.
   int sm_count = 0;
+  // Order in which the persistent CTAs walk a group's output tiles: 'm' (down a column
+  // of tiles first), 'n' (along a row first) or 0 for the heuristic; and the size of the
+  // swizzled blocks of tiles (1, 2, 4 or 8; 0 for the heuristic). Environment variables
+  // CUTE_MOE_RASTER and CUTE_MOE_SWIZZLE override the heuristic the same way.
+  char raster = 0;
+  int swizzle = 0;
 };
 
 // Argument checks alone (also run by the calls below).

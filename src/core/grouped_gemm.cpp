@@ -64,6 +64,8 @@ struct Plan {
   size_t arrays_bytes = 0;   // per-group arrays
   size_t cutlass_bytes = 0;  // CUTLASS workspace (upper bound over the variant's kernels)
   size_t scratch_bytes = 0;  // column-sum partials
+  bool raster_along_n = false;
+  int swizzle = 1;
   size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
 };
 
@@ -97,6 +99,23 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
     }
   }
   plan->kernel = &registry[index];
+
+  // Tile order: the heuristic keeps CUTLASS's grouped default (along M, no swizzle); an
+  // option or the environment can override it.
+  const char* raster_env = std::getenv("CUTE_MOE_RASTER");
+  const char raster = opts.raster != 0 ? opts.raster : (raster_env != nullptr ? raster_env[0] : 0);
+  if (raster != 0 && raster != 'm' && raster != 'n') {
+    return Result::error(Status::kInvalidArgument,
+                         std::string("raster must be 'm' or 'n' (CUTE_MOE_RASTER), got '") + raster + "'");
+  }
+  plan->raster_along_n = raster == 'n';
+  const char* swizzle_env = std::getenv("CUTE_MOE_SWIZZLE");
+  const int swizzle = opts.swizzle != 0 ? opts.swizzle : (swizzle_env != nullptr ? std::atoi(swizzle_env) : 0);
+  if (swizzle != 0 && swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) {
+    return Result::error(Status::kInvalidArgument,
+                         "swizzle must be 1, 2, 4 or 8 (CUTE_MOE_SWIZZLE), got " + std::to_string(swizzle));
+  }
+  plan->swizzle = swizzle == 0 ? 1 : swizzle;
   for (const auto& e : registry) {
     if (e.config.variant == problem.variant) {
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
@@ -106,10 +125,11 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
 
   const char* log = std::getenv("CUTE_MOE_LOG_CONFIG");
   if (log != nullptr && std::strcmp(log, "0") != 0 && log[0] != '\0') {
-    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s\n", variant_name(problem.variant),
-                 static_cast<long long>(problem.m), static_cast<long long>(problem.n),
+    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s raster=%c swizzle=%d\n",
+                 variant_name(problem.variant), static_cast<long long>(problem.m), static_cast<long long>(problem.n),
                  static_cast<long long>(problem.k), problem.num_groups, plan->sm_count, plan->kernel->name.c_str(),
-                 forced != nullptr && forced[0] != '\0' ? " (forced)" : "");
+                 forced != nullptr && forced[0] != '\0' ? " (forced)" : "", plan->raster_along_n ? 'n' : 'm',
+                 plan->swizzle);
   }
   return Result::success();
 }
@@ -151,6 +171,8 @@ detail::LaunchContext launch_context(const Plan& plan, void* workspace, cudaStre
   ctx.workspace = static_cast<char*>(workspace) + align_up(plan.arrays_bytes);
   ctx.workspace_bytes = plan.cutlass_bytes;
   ctx.stream = stream;
+  ctx.raster_along_n = plan.raster_along_n;
+  ctx.swizzle = plan.swizzle;
   return ctx;
 }
 

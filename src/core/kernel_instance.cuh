@@ -126,6 +126,9 @@ struct GroupedGemmTypes {
          reinterpret_cast<const ElementAB**>(g.b), reinterpret_cast<StrideB*>(g.ldb)},
         {{}, nullptr, nullptr, reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
         hw};
+    using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
+    args.scheduler.raster_order = ctx.raster_along_n ? Raster::AlongN : Raster::AlongM;
+    args.scheduler.max_swizzle_size = ctx.swizzle;
     // EVT arguments: {children..., node}: {acc fetch, bias row, plus}.
     args.epilogue.thread = {{}, {reinterpret_cast<const ElementBias* const*>(g.bias), ElementBias(0), {}}, {}};
     return args;

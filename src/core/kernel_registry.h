@@ -39,6 +39,8 @@ struct LaunchContext {
   void* workspace = nullptr;  // CUTLASS's own workspace (tensor maps)
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
+  bool raster_along_n = false;  // tile order of the persistent scheduler
+  int swizzle = 1;              // 1, 2, 4 or 8
 };
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
