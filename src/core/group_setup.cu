@@ -37,7 +37,7 @@ __device__ __forceinline__ void zero_rows(char* base, int64_t rows, int64_t row_
   }
 }
 
-__global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, GroupArrays g) {
+__global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupArrays g) {
   constexpr int64_t kElem = 2;  // bf16
   const bool b_n_contiguous = a.w_stride_n == 1;
   if (blockIdx.x == 0) {
@@ -52,13 +52,26 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, GroupArrays g) {
       g.lda[e] = a.ldx;
       g.ldb[e] = b_n_contiguous ? a.w_stride_k : a.w_stride_n;
       g.ldd[e] = a.ldy;
+      if (x.c != nullptr) {
+        g.c[e] = static_cast<const char*>(x.c) + r.begin * x.ldc * x.c_elem_bytes;
+        g.ldc[e] = x.ldc;
+      }
+      if (x.aux != nullptr) {
+        g.aux[e] = static_cast<char*>(x.aux) + r.begin * x.ldaux * kElem;
+        g.ldaux[e] = x.ldaux;
+      }
     }
   }
   // Padding rows [offs[E-1], m) belong to no group: the GEMM skips them, we zero them.
   int64_t used = a.offs[a.num_groups - 1];
   used = used < 0 ? 0 : (used > a.m ? a.m : used);
-  zero_rows(static_cast<char*>(a.y) + used * a.ldy * kElem, a.m - used, a.n * kElem, a.ldy * kElem,
-            static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<int64_t>(gridDim.x) * blockDim.x);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  zero_rows(static_cast<char*>(a.y) + used * a.ldy * kElem, a.m - used, a.n * kElem, a.ldy * kElem, thread, threads);
+  if (x.aux != nullptr) {
+    zero_rows(static_cast<char*>(x.aux) + used * x.ldaux * kElem, a.m - used, x.aux_cols * kElem, x.ldaux * kElem,
+              thread, threads);
+  }
 }
 
 __global__ void ragged_k_setup_kernel(RaggedKGemmArgs a, GroupArrays g) {
@@ -92,7 +105,7 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 size_t group_arrays_bytes(int32_t num_groups) {
   const size_t e = static_cast<size_t>(num_groups);
-  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 7 * align_up(8 * e, kArrayAlign);
+  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 11 * align_up(8 * e, kArrayAlign);
 }
 
 GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
@@ -113,16 +126,20 @@ GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
   g.lda = reinterpret_cast<int64_t*>(take(8 * e));
   g.ldb = reinterpret_cast<int64_t*>(take(8 * e));
   g.ldd = reinterpret_cast<int64_t*>(take(8 * e));
+  g.c = reinterpret_cast<const void**>(take(8 * e));
+  g.ldc = reinterpret_cast<int64_t*>(take(8 * e));
+  g.aux = reinterpret_cast<void**>(take(8 * e));
+  g.ldaux = reinterpret_cast<int64_t*>(take(8 * e));
   return g;
 }
 
-cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const GroupArrays& groups, int sm_count,
-                                  cudaStream_t stream) {
+cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const RaggedMExtras& extras,
+                                  const GroupArrays& groups, int sm_count, cudaStream_t stream) {
   // Enough blocks to zero a large padding region quickly; most calls have none.
   const int64_t words = args.m * (args.n / 8);
   const int64_t blocks = std::min<int64_t>(std::max<int64_t>(1, (words + kThreads * 8 - 1) / (kThreads * 8)),
                                            2 * static_cast<int64_t>(sm_count));
-  ragged_m_setup_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, groups);
+  ragged_m_setup_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, extras, groups);
   return cudaGetLastError();
 }
 

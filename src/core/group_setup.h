@@ -47,13 +47,23 @@ CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, in
   out[2] = rows > 0 ? rows : 0;
 }
 
+// Extra row-aligned operands of the fused epilogues (rows follow y's groups).
+struct RaggedMExtras {
+  const void* c = nullptr;  // source operand C
+  int64_t ldc = 0;          // in C elements
+  int64_t c_elem_bytes = 0;
+  void* aux = nullptr;      // bf16 second output
+  int64_t ldaux = 0;
+  int64_t aux_cols = 0;     // its width, for zeroing padding rows
+};
+
 // Bytes of the per-group arrays for `num_groups` groups (each array 128-byte aligned).
 size_t group_arrays_bytes(int32_t num_groups);
 // Carves the arrays out of `base` (which must hold group_arrays_bytes()).
 GroupArrays carve_group_arrays(void* base, int32_t num_groups);
 
-cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const GroupArrays& groups, int sm_count,
-                                  cudaStream_t stream);
+cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const RaggedMExtras& extras,
+                                  const GroupArrays& groups, int sm_count, cudaStream_t stream);
 cudaError_t launch_ragged_k_setup(const RaggedKGemmArgs& args, const GroupArrays& groups, int sm_count,
                                   cudaStream_t stream);
 

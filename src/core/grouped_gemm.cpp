@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "cute_moe/grouped_gemm.h"
+#include "cute_moe/fused_glu.h"
 #include "group_column_sum.h"
 #include "group_setup.h"
 #include "heuristics.h"
@@ -52,6 +52,10 @@ const char* variant_name(KernelVariant v) {
     case KernelVariant::RaggedM_BCol: return "ragged_m (weight k-contiguous)";
     case KernelVariant::RaggedK_OutBF16: return "ragged_k (bf16 output)";
     case KernelVariant::RaggedK_OutF32: return "ragged_k (fp32 output)";
+    case KernelVariant::GluFwd_BRow: return "glu_forward (weight n-contiguous)";
+    case KernelVariant::GluFwd_BCol: return "glu_forward (weight k-contiguous)";
+    case KernelVariant::GluBwd_BRow: return "glu_backward (weight n-contiguous)";
+    case KernelVariant::GluBwd_BCol: return "glu_backward (weight k-contiguous)";
   }
   return "?";
 }
@@ -144,11 +148,51 @@ GroupedProblem problem_of(const RaggedKGemmArgs& a) {
           a.num_groups};
 }
 
+KernelVariant glu_variant(const RaggedMGemmArgs& g, bool forward) {
+  const bool row = g.w_stride_n == 1;
+  if (forward) return row ? KernelVariant::GluFwd_BRow : KernelVariant::GluFwd_BCol;
+  return row ? KernelVariant::GluBwd_BRow : KernelVariant::GluBwd_BCol;
+}
+
+GroupedProblem problem_of(const GluForwardArgs& a) {
+  GroupedProblem p = problem_of(a.gemm);
+  p.variant = glu_variant(a.gemm, true);
+  return p;
+}
+
+GroupedProblem problem_of(const GluBackwardArgs& a) {
+  GroupedProblem p = problem_of(a.gemm);
+  p.variant = glu_variant(a.gemm, false);
+  return p;
+}
+
+detail::GluParams glu_params(const GluOptions& o) {
+  detail::GluParams p;
+  p.alpha = o.alpha;
+  p.limit = o.limit;
+  p.has_limit = o.has_limit;
+  return p;
+}
+
 template <typename Args>
 Result plan_call(const Args& args, const GemmOptions& opts, Plan* plan) {
   Result r = validate(args);
   if (!r.ok()) return r;
   return make_plan(problem_of(args), opts, plan);
+}
+
+detail::LaunchContext launch_context(const Plan& plan, void* workspace, cudaStream_t stream);
+
+// Setup kernel (per-group arrays from offs, zeros of padding rows) then the plan's kernel.
+Result run_ragged_m(const RaggedMGemmArgs& args, const detail::RaggedMExtras& extras, const detail::GluParams& glu,
+                    const Plan& plan, void* workspace, cudaStream_t stream) {
+  detail::GroupArrays groups = detail::carve_group_arrays(workspace, args.num_groups);
+  if (args.bias == nullptr) groups.bias = nullptr;  // the epilogue adds zero
+  cudaError_t err = detail::launch_ragged_m_setup(args, extras, groups, plan.sm_count, stream);
+  if (err != cudaSuccess) return cuda_error("ragged_m setup kernel", err);
+  detail::LaunchContext ctx = launch_context(plan, workspace, stream);
+  ctx.glu = glu;
+  return plan.kernel->launch(groups, ctx);
 }
 
 Result check_workspace(const char* op, const Plan& plan, void* workspace, size_t bytes) {
@@ -203,11 +247,38 @@ Result ragged_m_gemm(const RaggedMGemmArgs& args, void* workspace, size_t worksp
   r = check_workspace("ragged_m_gemm", plan, workspace, workspace_bytes);
   if (!r.ok()) return r;
 
-  detail::GroupArrays groups = detail::carve_group_arrays(workspace, args.num_groups);
-  if (args.bias == nullptr) groups.bias = nullptr;  // the epilogue adds zero
-  cudaError_t err = detail::launch_ragged_m_setup(args, groups, plan.sm_count, stream);
-  if (err != cudaSuccess) return cuda_error("ragged_m_gemm setup kernel", err);
-  return plan.kernel->launch(groups, launch_context(plan, workspace, stream));
+  return run_ragged_m(args, {}, {}, plan, workspace, stream);
+}
+
+Result glu_forward(const GluForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (!r.ok() || args.gemm.m == 0) return r;
+  r = check_workspace("glu_forward", plan, workspace, workspace_bytes);
+  if (!r.ok()) return r;
+  detail::RaggedMExtras extras;
+  extras.aux = args.h;
+  extras.ldaux = args.ldh;
+  extras.aux_cols = args.gemm.n / 2;
+  return run_ragged_m(args.gemm, extras, glu_params(args.glu), plan, workspace, stream);
+}
+
+Result glu_backward(const GluBackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                    const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (!r.ok() || args.gemm.m == 0) return r;
+  r = check_workspace("glu_backward", plan, workspace, workspace_bytes);
+  if (!r.ok()) return r;
+  detail::RaggedMExtras extras;
+  extras.c = args.pre;  // read as (m, n) 32-bit (gate, linear) words
+  extras.ldc = args.ldpre / 2;
+  extras.c_elem_bytes = 4;
+  extras.aux = args.dpre;
+  extras.ldaux = args.lddpre;
+  extras.aux_cols = 2 * args.gemm.n;
+  return run_ragged_m(args.gemm, extras, glu_params(args.glu), plan, workspace, stream);
 }
 
 Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
@@ -237,6 +308,20 @@ Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t worksp
   return Result::success();
 }
 
+Result workspace_size(const GluForwardArgs& args, size_t* bytes, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *bytes = plan.total();
+  return r;
+}
+
+Result workspace_size(const GluBackwardArgs& args, size_t* bytes, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *bytes = plan.total();
+  return r;
+}
+
 Result workspace_size(const GroupColumnSumArgs& args, size_t* bytes) {
   Result r = validate(args);
   if (r.ok()) *bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
@@ -262,7 +347,7 @@ std::vector<std::string> list_tile_configs(GemmFamily family) {
   std::vector<std::string> names;
   for (const auto& e : detail::kernel_registry()) {
     const bool ragged_m =
-        e.config.variant == KernelVariant::RaggedM_BRow || e.config.variant == KernelVariant::RaggedM_BCol;
+        e.config.variant != KernelVariant::RaggedK_OutBF16 && e.config.variant != KernelVariant::RaggedK_OutF32;
     if (ragged_m != (family == GemmFamily::kRaggedM)) continue;
     bool seen = false;
     for (const auto& n : names) seen = seen || n == e.name;

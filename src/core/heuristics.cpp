@@ -20,7 +20,7 @@ double relative_rate(const TileConfig& c) {
   return 0.7;
 }
 
-bool is_ragged_m(KernelVariant v) { return v == KernelVariant::RaggedM_BRow || v == KernelVariant::RaggedM_BCol; }
+bool is_ragged_m(KernelVariant v) { return v != KernelVariant::RaggedK_OutBF16 && v != KernelVariant::RaggedK_OutF32; }
 
 }  // namespace
 

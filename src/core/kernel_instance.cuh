@@ -11,8 +11,9 @@
 //   scheduler        PersistentTileSchedulerSm90Group: walks the groups' tiles reading
 //                    the per-group (M, N, K) from device memory, so the host never needs
 //                    the routing. Groups with M == 0 contribute no tile.
-// Epilogue (EVT): D = acc + bias[group] (row broadcast through an array of per-group
-//   pointers; a null array means no bias), rounded once to the output type.
+// Epilogue (EVT), per variant (VariantTraits below): D = acc + bias[group] (a row broadcast
+//   through an array of per-group pointers; a null array means no bias), or the fused
+//   gated-activation forward / backward of glu_epilogue.cuh. Outputs are rounded once.
 #pragma once
 
 #include <type_traits>
@@ -27,48 +28,93 @@
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
+#include "glu_epilogue.cuh"
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
 
+// --- Epilogues: what is computed after the mainloop, as an EVT tree plus its arguments.
+template <class TileShape>
+using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t*, float,
+                                                            cute::Stride<cute::_0, cute::_1, cute::_0>>;
+template <class ElementOut>
+using AddBias =
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementOut, float, cutlass::FloatRoundStyle::round_to_nearest>;
+template <class TileShape, class ElementOut>
+using BiasTree = cutlass::epilogue::fusion::Sm90EVT<AddBias<ElementOut>, cutlass::epilogue::fusion::Sm90AccFetch,
+                                                   BiasRow<TileShape>>;
+
+// D = acc + bias[group]
+struct BiasEpilogue {
+  using ElementC = void;
+  template <class TileShape, class ElementD>
+  using Tree = BiasTree<TileShape, ElementD>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext&) {
+    return {{}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}}, {}};
+  }
+};
+
+// D = pre = acc + bias[group]; aux = h = act(pre)
+struct GluForwardEpilogue {
+  using ElementC = void;
+  template <class TileShape, class ElementD>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluForwardAux<SwigluOai>, BiasTree<TileShape, float>>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
+    return {{{}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}}, {}},
+            {g.aux, g.ldaux, ctx.glu}};
+  }
+};
+
+// C = pre as packed (gate, linear) words; aux = dpre = dact(acc, pre); D = h = act(pre)
+struct GluBackwardEpilogue {
+  using ElementC = uint32_t;
+  template <class TileShape, class ElementD>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluBackward<SwigluOai>, cutlass::epilogue::fusion::Sm90AccFetch,
+                                                  cutlass::epilogue::fusion::Sm90SrcFetch<uint32_t>>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
+    return {{}, {}, {g.aux, g.ldaux, ctx.glu}};
+  }
+};
+
+// --- Variants: operand layouts, output type and epilogue of each kernel_table.h variant.
+template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_>
+struct Traits {
+  using LayoutA = LayoutA_;
+  using LayoutB = LayoutB_;
+  using ElementD = ElementD_;
+  using Epilogue = Epilogue_;
+};
+using RowMajor = cutlass::layout::RowMajor;
+using ColMajor = cutlass::layout::ColumnMajor;
+using bf16 = cutlass::bfloat16_t;
+
 template <KernelVariant V>
 struct VariantTraits;
-
-template <>
-struct VariantTraits<KernelVariant::RaggedM_BRow> {
-  using LayoutA = cutlass::layout::RowMajor;  // x (m, k), k contiguous
-  using LayoutB = cutlass::layout::RowMajor;  // W_e (k, n), n contiguous
-  using ElementD = cutlass::bfloat16_t;
-};
-template <>
-struct VariantTraits<KernelVariant::RaggedM_BCol> {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;  // W_e (k, n), k contiguous
-  using ElementD = cutlass::bfloat16_t;
-};
-template <>
-struct VariantTraits<KernelVariant::RaggedK_OutBF16> {
-  using LayoutA = cutlass::layout::ColumnMajor;  // x_e^T (k, rows): k contiguous
-  using LayoutB = cutlass::layout::RowMajor;     // dy_e (rows, n): n contiguous
-  using ElementD = cutlass::bfloat16_t;
-};
-template <>
-struct VariantTraits<KernelVariant::RaggedK_OutF32> {
-  using LayoutA = cutlass::layout::ColumnMajor;
-  using LayoutB = cutlass::layout::RowMajor;
-  using ElementD = float;
-};
+// ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
+template <> struct VariantTraits<KernelVariant::RaggedM_BRow> : Traits<RowMajor, RowMajor, bf16, BiasEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BCol> : Traits<RowMajor, ColMajor, bf16, BiasEpilogue> {};
+template <> struct VariantTraits<KernelVariant::GluFwd_BRow> : Traits<RowMajor, RowMajor, bf16, GluForwardEpilogue> {};
+template <> struct VariantTraits<KernelVariant::GluFwd_BCol> : Traits<RowMajor, ColMajor, bf16, GluForwardEpilogue> {};
+template <> struct VariantTraits<KernelVariant::GluBwd_BRow> : Traits<RowMajor, RowMajor, bf16, GluBackwardEpilogue> {};
+template <> struct VariantTraits<KernelVariant::GluBwd_BCol> : Traits<RowMajor, ColMajor, bf16, GluBackwardEpilogue> {};
+// ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
+template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16> : Traits<ColMajor, RowMajor, bf16, BiasEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutF32> : Traits<ColMajor, RowMajor, float, BiasEpilogue> {};
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
 struct GroupedGemmTypes {
   using Traits = VariantTraits<V>;
   using ElementAB = cutlass::bfloat16_t;
-  using ElementBias = cutlass::bfloat16_t;
   using ElementD = typename Traits::ElementD;
+  using ElementC = typename Traits::Epilogue::ElementC;
   using ElementAccumulator = float;
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
+  static constexpr int kAlignC = std::is_void_v<ElementC> ? kAlignD : 16 / int(sizeof(std::conditional_t<std::is_void_v<ElementC>, char, ElementC>));
 
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
@@ -78,19 +124,12 @@ struct GroupedGemmTypes {
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-
-  // D = acc + bias_row[group], computed in fp32.
-  using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementBias*, float,
-                                                              cute::Stride<cute::_0, cute::_1, cute::_0>>;
-  using AddBias = cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementD, float,
-                                                         cutlass::FloatRoundStyle::round_to_nearest>;
-  using EpilogueTree =
-      cutlass::epilogue::fusion::Sm90EVT<AddBias, cutlass::epilogue::fusion::Sm90AccFetch, BiasRow>;
+  using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, float,
-      void, LayoutD*, kAlignD,  // no C operand
+      ElementC, LayoutD*, kAlignC,
       ElementD, LayoutD*, kAlignD, EpilogueSchedule, EpilogueTree>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -105,11 +144,12 @@ struct GroupedGemmTypes {
 
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
   using StrideD = typename Kernel::InternalStrideD;
   // group_setup.cu writes one int64 leading dimension per group; a packed CUTLASS stride
   // of a 2-D operand holds exactly that one dynamic value (the others are static 0/1).
   static_assert(sizeof(StrideA) == sizeof(int64_t) && sizeof(StrideB) == sizeof(int64_t) &&
-                    sizeof(StrideD) == sizeof(int64_t),
+                    sizeof(StrideC) == sizeof(int64_t) && sizeof(StrideD) == sizeof(int64_t),
                 "expected packed strides with a single int64 leading dimension");
   static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
                 "expected (M, N, K) int32 problem shapes");
@@ -118,19 +158,21 @@ struct GroupedGemmTypes {
     cutlass::KernelHardwareInfo hw;
     hw.device_id = ctx.device;
     hw.sm_count = ctx.sm_count;
+    using ElementCPtr = std::conditional_t<std::is_void_v<ElementC>, const void**, const ElementC**>;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {g.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes),
          nullptr},  // no host copy of the shapes: the scheduler reads them on the device
         {reinterpret_cast<const ElementAB**>(g.a), reinterpret_cast<StrideA*>(g.lda),
          reinterpret_cast<const ElementAB**>(g.b), reinterpret_cast<StrideB*>(g.ldb)},
-        {{}, nullptr, nullptr, reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
+        {{}, reinterpret_cast<ElementCPtr>(g.c), reinterpret_cast<StrideC*>(g.ldc),
+         reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
         hw};
     using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
     args.scheduler.raster_order = ctx.raster_along_n ? Raster::AlongN : Raster::AlongM;
     args.scheduler.max_swizzle_size = ctx.swizzle;
-    // EVT arguments: {children..., node}: {acc fetch, bias row, plus}.
-    args.epilogue.thread = {{}, {reinterpret_cast<const ElementBias* const*>(g.bias), ElementBias(0), {}}, {}};
+    args.epilogue.thread =
+        Traits::Epilogue::template arguments<decltype(args.epilogue.thread)>(g, ctx);
     return args;
   }
 };

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "activations.h"
 #include "cute_moe/status.h"
 #include "kernel_table.h"
 
@@ -31,6 +32,11 @@ struct GroupArrays {
   int64_t* lda = nullptr;
   int64_t* ldb = nullptr;
   int64_t* ldd = nullptr;
+  // Fused epilogues only: the source operand C and the second (aux) output.
+  const void** c = nullptr;
+  int64_t* ldc = nullptr;
+  void** aux = nullptr;
+  int64_t* ldaux = nullptr;
 };
 
 struct LaunchContext {
@@ -41,6 +47,7 @@ struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool raster_along_n = false;  // tile order of the persistent scheduler
   int swizzle = 1;              // 1, 2, 4 or 8
+  GluParams glu;                // gated-activation epilogues only
 };
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>

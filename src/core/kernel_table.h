@@ -28,7 +28,13 @@
   X(RaggedK_OutBF16, 128, 128, 64, 2, 1, Pingpong) \
   X(RaggedK_OutF32,  128, 256, 64, 2, 1, Cooperative) \
   X(RaggedK_OutF32,  256, 128, 64, 2, 1, Cooperative) \
-  X(RaggedK_OutF32,  128, 128, 64, 2, 1, Pingpong)
+  X(RaggedK_OutF32,  128, 128, 64, 2, 1, Pingpong) \
+  X(GluFwd_BRow,    128, 256,  64, 2, 1, Cooperative) \
+  X(GluFwd_BRow,    128, 128,  64, 2, 1, Pingpong) \
+  X(GluFwd_BCol,    128, 256,  64, 2, 1, Cooperative) \
+  X(GluFwd_BCol,    128, 128,  64, 2, 1, Pingpong) \
+  X(GluBwd_BRow,    128, 128,  64, 2, 1, Pingpong) \
+  X(GluBwd_BCol,    128, 128,  64, 2, 1, Pingpong)
 // clang-format on
 
 namespace cute_moe::detail {
@@ -40,6 +46,10 @@ enum class KernelVariant {
   RaggedM_BCol,     // y = x @ W_e,   W_e (k x n) with unit stride along k
   RaggedK_OutBF16,  // dw_e = x_e^T @ dy_e, bf16 output
   RaggedK_OutF32,   // dw_e = x_e^T @ dy_e, fp32 output
+  GluFwd_BRow,      // ragged M, epilogue: pre = acc + bias stored as D, h = act(pre) as aux
+  GluFwd_BCol,
+  GluBwd_BRow,      // ragged M, epilogue: reads pre (as C), dpre = dact as aux, h = act(pre) as D
+  GluBwd_BCol,
 };
 
 enum class Schedule { Cooperative, Pingpong };

@@ -5,7 +5,9 @@
 #include <sstream>
 #include <string>
 
-#include "cute_moe/grouped_gemm.h"
+#include <cmath>
+
+#include "cute_moe/fused_glu.h"
 
 namespace cute_moe {
 
@@ -109,6 +111,39 @@ Result validate(const RaggedKGemmArgs& a) {
   c.pointer("dbias", a.dbias, false);
   c.leading_dim("ldx", a.ldx, a.k, "k").leading_dim("lddy", a.lddy, a.n, "n");
   c.require(a.dw_dtype == DType::kBF16 || a.dw_dtype == DType::kF32, "dw_dtype must be bfloat16 or float32");
+  return c.result();
+}
+
+namespace {
+
+void check_glu(Checker& c, const GluOptions& g) {
+  c.require(g.activation == GluActivation::kSwigluOai, "unknown gated activation ", static_cast<int>(g.activation));
+  c.require(std::isfinite(g.alpha), "the activation's alpha must be finite, got ", g.alpha);
+  c.require(!g.has_limit || (std::isfinite(g.limit) && g.limit >= 0), "the activation's limit must be finite and >= 0, got ",
+            g.limit);
+}
+
+}  // namespace
+
+Result validate(const GluForwardArgs& a) {
+  Result r = validate(a.gemm);
+  if (!r.ok()) return r;
+  Checker c("glu_forward");
+  c.require(a.gemm.n % 16 == 0, "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=",
+            a.gemm.n);
+  c.pointer("h", a.h, a.gemm.m > 0).leading_dim("ldh", a.ldh, a.gemm.n / 2, "n/2");
+  check_glu(c, a.glu);
+  return c.result();
+}
+
+Result validate(const GluBackwardArgs& a) {
+  Result r = validate(a.gemm);
+  if (!r.ok()) return r;
+  Checker c("glu_backward");
+  c.require(a.gemm.bias == nullptr, "bias must be null (the input gradient has no bias)");
+  c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);
+  c.leading_dim("ldpre", a.ldpre, 2 * a.gemm.n, "2n").leading_dim("lddpre", a.lddpre, 2 * a.gemm.n, "2n");
+  check_glu(c, a.glu);
   return c.result();
 }
 

@@ -11,81 +11,20 @@
 #include <torch/library.h>
 
 #include "cute_moe/grouped_gemm.h"
+#include "tensor_checks.h"
 
 namespace cute_moe::torch_ops {
 
 namespace {
 
-void check_cuda_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
-                       const at::Tensor& ref) {
-  TORCH_CHECK(t.is_cuda(), "cute_moe: ", name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.device() == ref.device(), "cute_moe: ", name, " is on ", t.device(), " but x is on ", ref.device());
-  TORCH_CHECK(t.scalar_type() == dtype, "cute_moe: ", name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == dim, "cute_moe: ", name, " must be ", dim, "-D, got shape ", t.sizes());
-}
-
-void check_offs(const at::Tensor& offs, const at::Tensor& x, int64_t num_groups) {
-  check_cuda_tensor(offs, "offs", at::kInt, 1, x);
-  TORCH_CHECK(offs.size(0) == num_groups, "cute_moe: offs must hold one cumulative end offset per group (",
-              num_groups, "), got shape ", offs.sizes());
-  TORCH_CHECK(offs.stride(0) == 1 || offs.size(0) == 1, "cute_moe: offs must be contiguous, got stride ",
-              offs.strides());
-}
-
-void check_row_major(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "cute_moe: ", name,
-              " must have unit stride along its last dimension (call .contiguous()), got strides ", t.strides());
-}
-
-void throw_if_error(const Result& r) {
-  if (!r.ok()) TORCH_CHECK(false, "cute_moe: ", r.message, " [", status_name(r.status), "]");
-}
-
-at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
-}
-
 at::Tensor grouped_mm_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
                            const std::optional<at::Tensor>& bias) {
-  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
-  check_cuda_tensor(w, "w", at::kBFloat16, 3, x);
-  TORCH_CHECK(w.size(1) == x.size(1), "cute_moe: w must be (E, K, N) with K = x.size(1) = ", x.size(1),
-              ", got w of shape ", w.sizes());
-  check_row_major(x, "x");
-  TORCH_CHECK(w.stride(2) == 1 || w.stride(1) == 1,
-              "cute_moe: w (E, K, N) must be contiguous along N (row-major) or along K (a transposed view of an "
-              "(E, N, K) tensor), got strides ",
-              w.strides());
-  const int64_t num_groups = w.size(0);
-  check_offs(offs, x, num_groups);
-  if (bias.has_value()) {
-    check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);
-    TORCH_CHECK(bias->size(0) == num_groups && bias->size(1) == w.size(2), "cute_moe: bias must be (E, N) = (",
-                num_groups, ", ", w.size(2), "), got ", bias->sizes());
-    check_row_major(*bias, "bias");
-  }
+  check_ragged_m_operands(x, w, offs);
+  check_bias(bias, w, x);
 
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), w.size(2)}, x.options());
-  RaggedMGemmArgs a;
-  a.m = x.size(0);
-  a.n = w.size(2);
-  a.k = x.size(1);
-  a.num_groups = static_cast<int32_t>(num_groups);
-  a.offs = offs.data_ptr<int32_t>();
-  a.x = x.data_ptr();
-  a.ldx = x.stride(0);
-  a.w = w.data_ptr();
-  a.w_stride_group = w.stride(0);
-  // A dimension of size 1 has an arbitrary stride: keep the one that says "contiguous".
-  a.w_stride_k = w.stride(1) == 1 && w.stride(2) != 1 ? 1 : w.stride(1);
-  a.w_stride_n = w.stride(2) == 1 ? 1 : w.stride(2);
-  if (bias.has_value()) {
-    a.bias = bias->data_ptr();
-    a.bias_stride_group = bias->stride(0);
-  }
-  a.y = y.data_ptr();
-  a.ldy = y.stride(0);
+  RaggedMGemmArgs a = ragged_m_args(x, w, offs, bias, y);
   if (a.m == 0) return y;
 
   size_t bytes = 0;

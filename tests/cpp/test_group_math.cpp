@@ -63,7 +63,9 @@ TEST(GroupArrays, CarvedArraysAreAlignedAndDisjoint) {
         {reinterpret_cast<const char*>(g.a), 8u * groups},   {reinterpret_cast<const char*>(g.b), 8u * groups},
         {reinterpret_cast<const char*>(g.d), 8u * groups},   {reinterpret_cast<const char*>(g.bias), 8u * groups},
         {reinterpret_cast<const char*>(g.lda), 8u * groups}, {reinterpret_cast<const char*>(g.ldb), 8u * groups},
-        {reinterpret_cast<const char*>(g.ldd), 8u * groups}};
+        {reinterpret_cast<const char*>(g.ldd), 8u * groups},  {reinterpret_cast<const char*>(g.c), 8u * groups},
+        {reinterpret_cast<const char*>(g.ldc), 8u * groups},  {reinterpret_cast<const char*>(g.aux), 8u * groups},
+        {reinterpret_cast<const char*>(g.ldaux), 8u * groups}};
     for (size_t i = 0; i < arrays.size(); ++i) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(arrays[i].first) % 128, 0u);
       EXPECT_LE(arrays[i].first + arrays[i].second, base + bytes);

@@ -2,7 +2,7 @@
 // argument and its value; valid arguments pass.
 #include <gtest/gtest.h>
 
-#include "cute_moe/grouped_gemm.h"
+#include "cute_moe/fused_glu.h"
 
 namespace {
 
@@ -92,6 +92,41 @@ TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
   a = valid_k(); a.dbias = reinterpret_cast<float*>(0x60004); expect_rejected(a, "dbias must be 16-byte aligned");
   a = valid_k(); a.k = 0;                       expect_rejected(a, "k=0");
   a = valid_k(); a.dw_dtype = static_cast<cute_moe::DType>(7); expect_rejected(a, "dw_dtype");
+}
+
+TEST(ValidateGlu, ForwardAndBackwardRules) {
+  cute_moe::GluForwardArgs f;
+  f.gemm = valid_m();  // n = 2880 = 2I
+  f.h = const_cast<void*>(fake(0x70000));
+  f.ldh = f.gemm.n / 2;
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+  f.ldh = f.gemm.n / 2 - 8;
+  expect_rejected(f, "ldh=1432");
+  f.ldh = f.gemm.n / 2;
+  f.glu.limit = -1.0f;
+  expect_rejected(f, "limit must be finite and >= 0");
+  f.glu.has_limit = false;  // limit=None: the value is ignored
+  EXPECT_TRUE(cute_moe::validate(f).ok());
+  f.gemm.n = f.gemm.ldy = f.gemm.w_stride_k = 2888;  // I = 1444, not a multiple of 8
+  f.ldh = 1448;
+  expect_rejected(f, "multiple of 16 (I a multiple of 8), got n=2888");
+
+  cute_moe::GluBackwardArgs b;
+  b.gemm = valid_m();
+  b.pre = fake(0x80000);
+  b.ldpre = 2 * b.gemm.n;
+  b.dpre = const_cast<void*>(fake(0x90000));
+  b.lddpre = 2 * b.gemm.n;
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b.gemm.bias = fake(0x50000);
+  b.gemm.bias_stride_group = b.gemm.n;
+  expect_rejected(b, "bias must be null");
+  b.gemm.bias = nullptr;
+  b.ldpre = b.gemm.n;
+  expect_rejected(b, "ldpre=2880");
+  b.ldpre = 2 * b.gemm.n;
+  b.dpre = nullptr;
+  expect_rejected(b, "dpre must not be null");
 }
 
 TEST(StatusNames, AreReadable) {
