@@ -66,27 +66,29 @@ struct NodeBase {
   }
 };
 
-// Where this thread's elements of the current tile live: tile-relative coordinates,
-// the residue bound, and the group's aux pointer shifted to the tile origin.
+// Where this thread's elements live. NOTE: tCcD holds coordinates relative to the
+// thread's FIRST element (not to the tile origin), and residue_tCcD = (M, N) minus that
+// element's absolute coordinate; so that element sits at (M, N) - residue.
 template <class CTensor, class Residue, class ElementAux>
-struct TileView {
-  CTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) tile-relative (m, n)
+struct ThreadView {
+  CTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
   Residue residue;
-  ElementAux* aux;  // aux element (m0, n0 * aux_cols_per_col) of the tile origin
+  ElementAux* aux;  // the aux element of the thread's first (m, n)
   int64_t ld;
 };
 
-// kAuxPerPair: aux columns per pair of output columns (1 for h, 4 for dpre).
+// kAuxPerPair: aux columns per pair of output columns (1 for h, 4 for dpre). The first
+// element's column is even (each thread owns whole column pairs).
 template <class ElementAux, int kAuxPerPair, class Args, class Params>
-CUTLASS_DEVICE auto make_tile_view(Args const& args, Params const& params) {
-  auto [m, n, k, l] = args.tile_coord_mnkl;
-  const int64_t m0 = int64_t(m) * cute::size<0>(args.tile_shape_mnk);
-  const int64_t n0 = int64_t(n) * cute::size<1>(args.tile_shape_mnk);
+CUTLASS_DEVICE auto make_thread_view(Args const& args, Params const& params) {
+  auto [M, N, K, L] = args.problem_shape_mnkl;
+  const int l = cute::get<3>(args.tile_coord_mnkl);
+  const int64_t m_first = int64_t(M) - cute::get<0>(args.residue_tCcD);
+  const int64_t n_first = int64_t(N) - cute::get<1>(args.residue_tCcD);
   const int64_t ld = params.ld_aux[l];
-  ElementAux* base = static_cast<ElementAux*>(params.ptr_aux[l]);
-  // n0 is even (tile widths are), so the scaled origin is exact.
-  ElementAux* origin = base + m0 * ld + (n0 / 2) * kAuxPerPair;
-  return TileView<decltype(args.tCcD), decltype(args.residue_tCcD), ElementAux>{args.tCcD, args.residue_tCcD, origin, ld};
+  ElementAux* first = static_cast<ElementAux*>(params.ptr_aux[l]) + m_first * ld + (n_first / 2) * kAuxPerPair;
+  return ThreadView<decltype(args.tCcD), decltype(args.residue_tCcD), ElementAux>{args.tCcD, args.residue_tCcD, first,
+                                                                                  ld};
 }
 
 }  // namespace glu_epilogue
@@ -112,7 +114,7 @@ struct Sm90GluForwardAux : glu_epilogue::NodeBase {
       auto coords = view.tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += 2) {
-        auto c = coords(epi_v * FragmentSize + i);  // (m, n) with n even: the gate column
+        auto c = coords(epi_v * FragmentSize + i);  // (m, n) from the first element, n even: a gate column
         if (cute::elem_less(c, view.residue)) {
           const float gate = float(cutlass::bfloat16_t(frg_pre[i]));
           const float linear = float(cutlass::bfloat16_t(frg_pre[i + 1]));
@@ -127,7 +129,7 @@ struct Sm90GluForwardAux : glu_epilogue::NodeBase {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = glu_epilogue::make_tile_view<ElementAux, 1>(args, params);
+    auto view = glu_epilogue::make_thread_view<ElementAux, 1>(args, params);
     return ConsumerStoreCallbacks<decltype(view)>(view, params.act);
   }
 };
@@ -169,7 +171,7 @@ struct Sm90GluBackward : glu_epilogue::NodeBase {
           const cutlass::bfloat16_t lo(dgate), hi(dlinear);
           dpre[j] = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
         }
-        auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) -> dpre columns 2n .. 2n+3
+        auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) -> dpre columns 2n .. 2n+3 (relative)
         if (cute::elem_less(c, view.residue)) {
           *reinterpret_cast<uint2*>(view.aux + cute::get<0>(c) * view.ld + 2 * cute::get<1>(c)) =
               make_uint2(dpre[0], dpre[1]);
@@ -182,7 +184,7 @@ struct Sm90GluBackward : glu_epilogue::NodeBase {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = glu_epilogue::make_tile_view<ElementAux, 4>(args, params);
+    auto view = glu_epilogue::make_thread_view<ElementAux, 4>(args, params);
     return ConsumerStoreCallbacks<decltype(view)>(view, params.act);
   }
 };

@@ -4,6 +4,7 @@
 // Block 0 fills the arrays (one thread per group, striding over groups) and checks the
 // offsets; every block then helps with the zero fill. A bad `offs` stops the kernel with
 // a printed message and a trap, so the GEMM queued behind it never runs on it.
+#include <algorithm>
 #include <cstdio>
 
 #include "group_setup.h"
@@ -146,8 +147,11 @@ cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const RaggedMExtr
 cudaError_t launch_ragged_k_setup(const RaggedKGemmArgs& args, const GroupArrays& groups, int sm_count,
                                   cudaStream_t stream) {
   const int64_t words = args.k * args.n * (args.dw_dtype == DType::kF32 ? 4 : 2) / 16;
-  const int64_t x_blocks = std::min<int64_t>(std::max<int64_t>(1, words / (kThreads * 16)), 8);
-  const int64_t y_blocks = std::min<int64_t>(args.num_groups, std::max(1, 2 * sm_count));
+  // Blocks per group for zeroing an empty group's gradient: enough to stream it at full
+  // bandwidth when there are few groups, few when there are many (most blocks only find
+  // their group non-empty and exit).
+  const int64_t y_blocks = std::min<int64_t>(args.num_groups, 1024);
+  const int64_t x_blocks = std::clamp<int64_t>(std::min<int64_t>(words / (kThreads * 4), 4096 / y_blocks), 1, 128);
   ragged_k_setup_kernel<<<dim3(static_cast<unsigned>(x_blocks), static_cast<unsigned>(y_blocks)), kThreads, 0,
                           stream>>>(args, groups);
   return cudaGetLastError();

@@ -81,6 +81,7 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
   const auto& registry = detail::kernel_registry();
   const char* forced = opts.config != nullptr ? opts.config : std::getenv("CUTE_MOE_CONFIG");
   int index = -1;
+  detail::LaunchChoice choice;  // a forced config without a forced order gets CUTLASS's default order
   if (forced != nullptr && forced[0] != '\0') {
     std::string available;
     for (size_t i = 0; i < registry.size(); ++i) {
@@ -96,7 +97,8 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
   } else {
     std::vector<detail::TileConfig> configs;
     for (const auto& e : registry) configs.push_back(e.config);
-    index = detail::choose_tile_config(problem, configs, plan->sm_count);
+    choice = detail::choose_launch(problem, configs, plan->sm_count);
+    index = choice.index;
     if (index < 0) {
       return Result::error(Status::kNotSupported,
                            std::string("no kernel compiled for ") + variant_name(problem.variant));
@@ -104,22 +106,21 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
   }
   plan->kernel = &registry[index];
 
-  // Tile order: the heuristic keeps CUTLASS's grouped default (along M, no swizzle); an
-  // option or the environment can override it.
+  // Tile order: the heuristic's unless an option or the environment overrides it.
   const char* raster_env = std::getenv("CUTE_MOE_RASTER");
   const char raster = opts.raster != 0 ? opts.raster : (raster_env != nullptr ? raster_env[0] : 0);
   if (raster != 0 && raster != 'm' && raster != 'n') {
     return Result::error(Status::kInvalidArgument,
                          std::string("raster must be 'm' or 'n' (CUTE_MOE_RASTER), got '") + raster + "'");
   }
-  plan->raster_along_n = raster == 'n';
+  plan->raster_along_n = raster == 0 ? choice.raster_along_n : raster == 'n';
   const char* swizzle_env = std::getenv("CUTE_MOE_SWIZZLE");
   const int swizzle = opts.swizzle != 0 ? opts.swizzle : (swizzle_env != nullptr ? std::atoi(swizzle_env) : 0);
   if (swizzle != 0 && swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) {
     return Result::error(Status::kInvalidArgument,
                          "swizzle must be 1, 2, 4 or 8 (CUTE_MOE_SWIZZLE), got " + std::to_string(swizzle));
   }
-  plan->swizzle = swizzle == 0 ? 1 : swizzle;
+  plan->swizzle = swizzle == 0 ? (raster == 0 ? choice.swizzle : 1) : swizzle;
   for (const auto& e : registry) {
     if (e.config.variant == problem.variant) {
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));

@@ -60,4 +60,31 @@ int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& c
   return best;
 }
 
+LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count) {
+  const bool ragged_m = is_ragged_m(p.variant);
+  const int64_t rows_per_group = std::max<int64_t>(1, ceil_div(p.m, p.num_groups));
+  // Length of the reduction. For ragged K it is the group's rows, which routing skew can
+  // make many times the average: only clearly shallow groups count as short there.
+  const bool short_reduction = ragged_m ? p.k <= 3072 && p.n <= 3072 : rows_per_group <= 1536 && p.n <= 3072;
+
+  LaunchChoice choice;
+  const TileConfig want = short_reduction ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
+                                          : TileConfig{p.variant, 128, 256, 64, 2, 1, Schedule::Cooperative};
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const TileConfig& c = candidates[i];
+    if (c.variant == want.variant && c.tile_m == want.tile_m && c.tile_n == want.tile_n && c.tile_k == want.tile_k &&
+        c.cluster_m == want.cluster_m && c.cluster_n == want.cluster_n && c.schedule == want.schedule) {
+      choice.index = static_cast<int>(i);
+    }
+  }
+  if (choice.index < 0) choice.index = choose_tile_config(p, candidates, sm_count);
+  if (ragged_m && rows_per_group >= p.n) {
+    choice.raster_along_n = true;
+    choice.swizzle = candidates[choice.index].schedule == Schedule::Pingpong ? 2 : 1;
+  } else if (!ragged_m && !short_reduction) {
+    choice.swizzle = 2;
+  }
+  return choice;
+}
+
 }  // namespace cute_moe::detail

@@ -31,7 +31,23 @@ int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
 // CTAs, each tile weighted by its area over the configuration's relative throughput.
 double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count);
 
-// Index into `candidates` of the cheapest configuration of p.variant, or -1 if none.
+// Index into `candidates` of the cheapest configuration of p.variant by the cost model,
+// or -1 if none.
 int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
+
+// The full choice for a launch: which kernel, and the persistent scheduler's tile order.
+struct LaunchChoice {
+  int index = -1;           // into the candidates
+  bool raster_along_n = false;
+  int swizzle = 1;
+};
+
+// Measured rules first (docs/perf-notes.md, "v2"): a short reduction (ragged M: k <= 3072;
+// ragged K: <= 1536 rows per group on average, since skew deepens some groups; n <= 3072
+// for both) runs the 128x128 pingpong kernel, whose epilogue overlaps the other warpgroup's
+// mainloop; longer ones the 128x256 cooperative kernel. Tall groups (rows per group >= n)
+// walk tiles along n, keeping the expert's weight in L2 while rows stream past. Falls back
+// to the cost model when the preferred kernel is not compiled for the variant.
+LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

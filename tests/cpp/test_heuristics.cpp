@@ -55,4 +55,35 @@ TEST(Choose, CostFollowsWaves) {
   EXPECT_DOUBLE_EQ(estimated_cost(p, kCoop, 0), estimated_cost(p, kCoop, 1));  // never divides by zero
 }
 
+// The measured rules (docs/perf-notes.md v2) on the shapes they were measured on.
+TEST(ChooseLaunch, ShortReductionsPingpongLongOnesCooperative) {
+  std::vector<TileConfig> all = {kCoop, kPong, kSmall};
+  for (auto v : {KernelVariant::RaggedK_OutF32}) {
+    for (TileConfig c : {kCoop, kPong}) {
+      c.variant = v;
+      all.push_back(c);
+    }
+  }
+  // GPT-OSS-20B down projection: k = n = 2880, 3072 rows per expert (tall) -> pingpong along n.
+  LaunchChoice down = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, all, 132);
+  EXPECT_EQ(down.index, 1);
+  EXPECT_TRUE(down.raster_along_n);
+  EXPECT_EQ(down.swizzle, 2);
+  // Up projection: n = 5760 -> cooperative 128x256, along m.
+  LaunchChoice up = choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, all, 132);
+  EXPECT_EQ(up.index, 0);
+  EXPECT_FALSE(up.raster_along_n);
+  // Weight gradient, 3072 rows per expert deep: cooperative, swizzled; Qwen3's 1024: pingpong.
+  LaunchChoice wg = choose_launch({KernelVariant::RaggedK_OutF32, 98304, 5760, 2880, 32}, all, 132);
+  EXPECT_EQ(wg.index, 3);
+  EXPECT_EQ(wg.swizzle, 2);
+  LaunchChoice qwen = choose_launch({KernelVariant::RaggedK_OutF32, 131072, 2048, 768, 128}, all, 132);
+  EXPECT_EQ(qwen.index, 4);
+}
+
+TEST(ChooseLaunch, FallsBackToTheCostModelWhenThePreferredKernelIsMissing) {
+  LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, kSmall}, 132);
+  EXPECT_EQ(c.index, 0);
+}
+
 }  // namespace
