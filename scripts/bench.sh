@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The project's main job (README): on a Hopper GPU, builds everything and benchmarks our
-# grouped GEMMs against torch._grouped_mm in the same run, printing a table and writing
-# JSON under bench/results/. Extra arguments go to bench/bench_grouped_gemm.py.
+# The project's main job (README): on a Hopper GPU, builds everything, then benchmarks
+# the fused MoE expert block against the torchtitan-style unfused block, and our grouped
+# GEMMs against torch._grouped_mm, each in the same run on the same inputs; prints the
+# tables and writes JSON under bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCUTE_MOE_BUILD_TORCH=ON -DCUTE_MOE_BUILD_T
   -DPython3_EXECUTABLE="$(command -v python3)"
 CUTE_MOE_BUILD_DIR="$BUILD_DIR" python3 -m pip install -q --no-build-isolation --no-deps .
 mkdir -p bench/results
-out="bench/results/grouped_gemm-$(date -u +%Y%m%d-%H%M%S).json"
-python3 bench/bench_grouped_gemm.py --json "$out" "$@"
-echo "results written to $out"
+stamp=$(date -u +%Y%m%d-%H%M%S)
+python3 bench/bench_expert_ffn.py --routing balanced,skewed --json "bench/results/expert_ffn-$stamp.json"
+python3 bench/bench_grouped_gemm.py --json "bench/results/grouped_gemm-$stamp.json"
+echo "results written to bench/results/*-$stamp.json"

@@ -31,25 +31,29 @@ def _offs(op: str, offs, num_groups: int, what: str) -> None:
         _fail(op, "offs", f"length {num_groups} ({what})", f"length {offs.shape[0]}")
 
 
-def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm") -> None:
+def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm",
+                          names: dict[str, str] | None = None) -> None:
     """x (M, K) with unit column stride, w (E, K, N) with w.stride(2) == 1 or
-    w.stride(1) == 1, offs (E,) int32, bias (E, N); all bf16 but offs, one device."""
-    _tensor(op, "x", x, 2, torch.bfloat16)
-    _tensor(op, "w", w, 3, torch.bfloat16)
+    w.stride(1) == 1, offs (E,) int32, bias (E, N); all bf16 but offs, one device.
+    `names` renames arguments in the messages (e.g. {"w": "W_up"})."""
+    name = (names or {}).get
+    nx, nw, nb = name("x", "x"), name("w", "w"), name("bias", "bias")
+    _tensor(op, nx, x, 2, torch.bfloat16)
+    _tensor(op, nw, w, 3, torch.bfloat16)
     num_groups, k, n = w.shape
-    _offs(op, offs, num_groups, "w.shape[0], the number of groups")
+    _offs(op, offs, num_groups, f"{nw}.shape[0], the number of groups")
     if x.shape[1] != k:
-        _fail(op, "x", f"{k} columns (w.shape[1])", f"shape {tuple(x.shape)}")
+        _fail(op, nx, f"{k} columns ({nw}.shape[1])", f"shape {tuple(x.shape)}")
     if x.stride(1) != 1 and x.shape[1] > 1:
-        _fail(op, "x", "unit column stride (call .contiguous())", f"strides {x.stride()}")
+        _fail(op, nx, "unit column stride (call .contiguous())", f"strides {x.stride()}")
     if w.stride(2) != 1 and w.stride(1) != 1:
-        _fail(op, "w", "w.stride(2) == 1 (E, K, N) or w.stride(1) == 1 (a transposed "
+        _fail(op, nw, f"{nw}.stride(2) == 1 (E, K, N) or {nw}.stride(1) == 1 (a transposed "
               "(E, N, K) tensor)", f"strides {w.stride()}")
     if bias is not None:
-        _tensor(op, "bias", bias, 2, torch.bfloat16)
+        _tensor(op, nb, bias, 2, torch.bfloat16)
         if tuple(bias.shape) != (num_groups, n):
-            _fail(op, "bias", f"shape {(num_groups, n)} (E, N)", f"shape {tuple(bias.shape)}")
-    _same_device(op, "x", x, w=w, offs=offs, bias=bias)
+            _fail(op, nb, f"shape {(num_groups, n)} (E, N)", f"shape {tuple(bias.shape)}")
+    _same_device(op, nx, x, **{nw: w, "offs": offs, nb: bias})
 
 
 def check_grouped_mm_wgrad_args(x, dy, offs, out_dtype=None,
@@ -70,3 +74,47 @@ def check_grouped_column_sum_args(src, offs, op: str = "grouped_column_sum") -> 
     _tensor(op, "src", src, 2, torch.bfloat16)
     _tensor(op, "offs", offs, 1, torch.int32)
     _same_device(op, "src", src, offs=offs)
+
+
+def check_swiglu_params(alpha, limit, op: str, names: dict[str, str] | None = None) -> None:
+    """alpha a real number, limit None or a real number >= 0."""
+    name = (names or {}).get
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        _fail(op, name("alpha", "alpha"), "a float", type(alpha).__name__)
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            _fail(op, name("limit", "limit"), "None or a float", type(limit).__name__)
+        if not limit >= 0:
+            _fail(op, name("limit", "limit"), "None or a float >= 0", limit)
+
+
+def check_grouped_mm_swiglu_args(x, w, offs, bias=None, alpha=1.702, limit=7.0,
+                                 op: str = "grouped_mm_swiglu",
+                                 names: dict[str, str] | None = None) -> None:
+    """check_grouped_mm_args with an even output width 2I (interleaved gate/linear
+    columns) and valid SwiGLU parameters."""
+    check_grouped_mm_args(x, w, offs, bias, op, names)
+    if w.shape[2] % 2:
+        nw = (names or {}).get("w", "w")
+        _fail(op, nw, f"an even {nw}.shape[2] (2I interleaved gate/linear columns)",
+              f"shape {tuple(w.shape)}")
+    check_swiglu_params(alpha, limit, op, names)
+
+
+def check_pre_args(pre, m: int, inter: int, ref_name: str, ref: torch.Tensor, op: str,
+                   name: str = "pre") -> None:
+    """pre (m, 2 * inter) bf16 with unit column stride, on ref's device."""
+    _tensor(op, name, pre, 2, torch.bfloat16)
+    if tuple(pre.shape) != (m, 2 * inter):
+        _fail(op, name, f"shape {(m, 2 * inter)} (M, 2I)", f"shape {tuple(pre.shape)}")
+    if pre.stride(1) != 1:
+        _fail(op, name, "unit column stride (call .contiguous())", f"strides {pre.stride()}")
+    _same_device(op, ref_name, ref, **{name: pre})
+
+
+def check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha=1.702, limit=7.0,
+                                     op: str = "grouped_mm_swiglu_bwd") -> None:
+    """dy (M, N) and w (E, N, I) as check_grouped_mm_args has them, pre (M, 2I)."""
+    check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
+    check_pre_args(pre, dy.shape[0], w.shape[2], "dy", dy, op)
+    check_swiglu_params(alpha, limit, op)

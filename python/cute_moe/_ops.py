@@ -1,17 +1,23 @@
 # Python registrations for the ops of the compiled library (which defines the schemas
 # and the CUDA kernels): fake kernels for tracing (torch.compile, FakeTensorMode), CPU
 # kernels that run the references, and the autograd formula of cute_moe::grouped_mm.
-# Nothing is registered when the library is not loaded.
+# Nothing is registered when the library is not loaded. The fused SwiGLU ops get fake
+# and CPU kernels only, when the library has them: their autograd spans two ops and
+# lives in expert_ffn.py.
 from __future__ import annotations
 
 import torch
 
 from . import _library
 from ._checks import (check_grouped_column_sum_args, check_grouped_mm_args,
+                      check_grouped_mm_swiglu_args, check_grouped_mm_swiglu_bwd_args,
                       check_grouped_mm_wgrad_args)
-from .reference import grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_wgrad_ref
+from .reference import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_swiglu_bwd_ref,
+                        grouped_mm_swiglu_ref, grouped_mm_wgrad_ref)
 
-__all__ = ["REGISTERED"]
+__all__ = ["REGISTERED", "SWIGLU_REGISTERED"]
+
+SWIGLU_OPS = ("grouped_mm_swiglu", "grouped_mm_swiglu_bwd")
 
 
 def _fake_grouped_mm(x, w, offs, bias=None):
@@ -48,6 +54,28 @@ def _fake_grouped_column_sum(src, offs):
 def _cpu_grouped_column_sum(src, offs):
     check_grouped_column_sum_args(src, offs)
     return grouped_bias_grad_ref(src, offs)
+
+
+def _fake_grouped_mm_swiglu(x, w, offs, bias=None, alpha=1.702, limit=7.0):
+    check_grouped_mm_swiglu_args(x, w, offs, bias, alpha, limit)
+    m, two_i = x.shape[0], w.shape[2]
+    return x.new_empty(m, two_i // 2), x.new_empty(m, two_i)
+
+
+def _cpu_grouped_mm_swiglu(x, w, offs, bias=None, alpha=1.702, limit=7.0):
+    check_grouped_mm_swiglu_args(x, w, offs, bias, alpha, limit)
+    return grouped_mm_swiglu_ref(x, w, offs, bias, alpha, limit)
+
+
+def _fake_grouped_mm_swiglu_bwd(dy, w, offs, pre, alpha=1.702, limit=7.0):
+    check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit)
+    m, inter = dy.shape[0], w.shape[2]
+    return pre.new_empty(m, 2 * inter), pre.new_empty(m, inter)
+
+
+def _cpu_grouped_mm_swiglu_bwd(dy, w, offs, pre, alpha=1.702, limit=7.0):
+    check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit)
+    return grouped_mm_swiglu_bwd_ref(dy, w, offs, pre, alpha, limit)
 
 
 def _setup_context(ctx, inputs, output):
@@ -96,6 +124,26 @@ def _register() -> None:
                                     setup_context=_setup_context)
 
 
+def _has_op(name: str) -> bool:
+    try:
+        getattr(torch.ops.cute_moe, name).default
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _register_swiglu() -> None:
+    torch.library.register_fake("cute_moe::grouped_mm_swiglu", _fake_grouped_mm_swiglu)
+    torch.library.register_kernel("cute_moe::grouped_mm_swiglu", "cpu", _cpu_grouped_mm_swiglu)
+    torch.library.register_fake("cute_moe::grouped_mm_swiglu_bwd", _fake_grouped_mm_swiglu_bwd)
+    torch.library.register_kernel("cute_moe::grouped_mm_swiglu_bwd", "cpu",
+                                  _cpu_grouped_mm_swiglu_bwd)
+
+
 REGISTERED = _library.library_loaded()
 if REGISTERED:
     _register()
+# An older library may lack the fused SwiGLU ops; expert_ffn.py then runs the references.
+SWIGLU_REGISTERED = REGISTERED and all(_has_op(name) for name in SWIGLU_OPS)
+if SWIGLU_REGISTERED:
+    _register_swiglu()

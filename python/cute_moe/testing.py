@@ -10,7 +10,7 @@ import torch
 from .reference import offsets_from_counts
 
 __all__ = ["ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
-           "group_sizes", "Problem", "random_problem"]
+           "group_sizes", "Problem", "random_problem", "ExpertFFN", "random_expert_ffn"]
 
 # Largest accepted ||out - ref|| / ||ref|| against an fp32 (or finer) ground truth,
 # keyed by the dtype the output is rounded to.
@@ -129,3 +129,67 @@ def random_problem(m: int, k: int, n: int, num_groups: int, routing: str = "bala
 
     return Problem(prep(x), prep(weight), offsets_from_counts(sizes, device=device), prep(b),
                    sizes, layout)
+
+
+@dataclass
+class ExpertFFN:
+    x: torch.Tensor          # (M, H)
+    weight_up: torch.Tensor  # leaf: (E, H, 2I) for layout "kn", (E, 2I, H) for "nk"
+    b_up: torch.Tensor | None    # (E, 2I)
+    weight_down: torch.Tensor    # leaf: (E, I, H) for layout "kn", (E, H, I) for "nk"
+    b_down: torch.Tensor | None  # (E, H)
+    offs: torch.Tensor       # (E,) int32
+    sizes: list[int]
+    layout: str
+
+    @property
+    def w_up(self) -> torch.Tensor:
+        """The (E, H, 2I) operand: weight_up or its transposed view."""
+        return self.weight_up if self.layout == "kn" else self.weight_up.transpose(-2, -1)
+
+    @property
+    def w_down(self) -> torch.Tensor:
+        """The (E, I, H) operand: weight_down or its transposed view."""
+        return self.weight_down if self.layout == "kn" else self.weight_down.transpose(-2, -1)
+
+    @property
+    def leaves(self) -> list[torch.Tensor]:
+        """x, weight_up, b_up, weight_down, b_down, without the absent biases."""
+        return [t for t in (self.x, self.weight_up, self.b_up, self.weight_down, self.b_down)
+                if t is not None]
+
+    @property
+    def used_rows(self) -> int:
+        return sum(self.sizes)
+
+
+def random_expert_ffn(m: int, hidden: int, inter: int, num_groups: int,
+                      routing: str = "balanced", *, pad: int = 0, layout: str = "kn",
+                      bias: bool = True, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16,
+                      device="cpu", generator: torch.Generator | None = None,
+                      requires_grad: bool = False) -> ExpertFFN:
+    """An MoE expert FFN problem (up projection to 2I interleaved gate/linear columns,
+    down projection back to H) with m rows of which the last `pad` are padding. The
+    pre-activations have standard deviation about `scale` (bias included), so a scale of
+    a few puts many of them past a SwiGLU limit of 7."""
+    if layout not in ("kn", "nk"):
+        raise ValueError(f"layout: expected 'kn' or 'nk', got {layout!r}")
+    g = generator
+    sizes = group_sizes(m - pad, num_groups, routing, generator=g)
+    e, two_i = num_groups, 2 * inter
+    b_scale = scale / 2 ** 0.5 if bias else 0.0
+    x = torch.randn(m, hidden, generator=g)
+    up_shape = (e, hidden, two_i) if layout == "kn" else (e, two_i, hidden)
+    w_up = torch.randn(*up_shape, generator=g) * ((scale ** 2 - b_scale ** 2) / hidden) ** 0.5
+    b_up = torch.randn(e, two_i, generator=g) * b_scale if bias else None
+    down_shape = (e, inter, hidden) if layout == "kn" else (e, hidden, inter)
+    w_down = torch.randn(*down_shape, generator=g) / inter ** 0.5
+    b_down = torch.randn(e, hidden, generator=g) if bias else None
+
+    def prep(t):
+        if t is None:
+            return None
+        return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    return ExpertFFN(prep(x), prep(w_up), prep(b_up), prep(w_down), prep(b_down),
+                     offsets_from_counts(sizes, device=device), sizes, layout)

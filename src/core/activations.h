@@ -23,7 +23,7 @@ struct GluParams {
 
 CUTE_MOE_HOST_DEVICE float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
-  return 1.0f / (1.0f + __expf(-x));
+  return __fdividef(1.0f, 1.0f + __expf(-x));  // x -> -inf: 1/inf = 0, as wanted
 #else
   return 1.0f / (1.0f + std::exp(-x));
 #endif

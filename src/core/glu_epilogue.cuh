@@ -11,9 +11,13 @@
 //   GluBackward    down-projection input gradient: its inputs are dh = acc (fp32) and the
 //                  forward's pre, loaded by the collective's TMA source pipeline as the C
 //                  operand viewed as 32-bit packed (gate, linear) pairs of width n. It
-//                  stores dpre = (dh * dh/dgate, dh * dh/dlinear) pairs (width 2n) straight
-//                  to global memory and returns h = act(pre), which the collective stores
-//                  as D (the forward's h, bit for bit: same rounded inputs, same code).
+//                  returns dpre = (dh * dh/dgate, dh * dh/dlinear) packed the same way, so
+//                  the collective's TMA store writes the wide output as D, and stores the
+//                  recomputed h = act(pre) (width n; the forward's h, bit for bit: same
+//                  rounded inputs, same code) straight to global memory as the aux output.
+//                  NOTE: the first version stored dpre directly and h as D; the direct
+//                  8-byte stores of the wide output made the kernel latency bound (3.5x a
+//                  plain GEMM, ncu: long-scoreboard stalls on the store registers).
 //
 // The aux output of group l is at ptr_aux[l] with row stride ld_aux[l] elements (per-group
 // arrays built on the device by group_setup.cu). Elements outside the group's problem
@@ -23,6 +27,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/bfloat16.h>
+#include <cutlass/numeric_conversion.h>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "activations.h"
@@ -77,7 +82,8 @@ struct ThreadView {
   int64_t ld;
 };
 
-// kAuxPerPair: aux columns per pair of output columns (1 for h, 4 for dpre). The first
+// kAuxPerPair: aux columns per pair of output columns (1 for the forward's h, 2 for the
+// backward's h, which has the GEMM's width). The first
 // element's column is even (each thread owns whole column pairs).
 template <class ElementAux, int kAuxPerPair, class Args, class Params>
 CUTLASS_DEVICE auto make_thread_view(Args const& args, Params const& params) {
@@ -149,42 +155,43 @@ struct Sm90GluBackward : glu_epilogue::NodeBase {
     GluParams act;
 
     // frg_dh: the fp32 accumulator; frg_pre: 32-bit words, each the bf16 (gate, linear)
-    // pair of one column (gate in the low half: it sits at the lower address).
+    // pair of one column (gate in the low half: it sits at the lower address). Returns
+    // dpre in the same packing.
     template <typename ElementAccumulator, typename ElementDh, typename ElementPre, int FragmentSize>
-    CUTLASS_DEVICE cutlass::Array<float, FragmentSize> visit(
+    CUTLASS_DEVICE cutlass::Array<uint32_t, FragmentSize> visit(
         cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
         cutlass::Array<ElementDh, FragmentSize> const& frg_dh, cutlass::Array<ElementPre, FragmentSize> const& frg_pre) {
       static_assert(sizeof(ElementPre) == 4, "pre must arrive as 32-bit (gate, linear) words");
       static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
-      cutlass::Array<float, FragmentSize> h;
+      cutlass::Array<uint32_t, FragmentSize> dpre;
       auto coords = view.tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += 2) {
-        uint32_t dpre[2];
+        uint32_t h_pair = 0;
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 2; ++j) {
           const uint32_t word = reinterpret_cast<uint32_t const&>(frg_pre[i + j]);
           const float gate = __uint_as_float(word << 16);
           const float linear = __uint_as_float(word & 0xffff0000u);
           float dgate, dlinear;
-          h[i + j] = Activation::backward(gate, linear, float(frg_dh[i + j]), act, dgate, dlinear);
-          const cutlass::bfloat16_t lo(dgate), hi(dlinear);
-          dpre[j] = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+          const float h = Activation::backward(gate, linear, float(frg_dh[i + j]), act, dgate, dlinear);
+          const cutlass::bfloat16_t lo(dgate), hi(dlinear), hb(h);
+          dpre[i + j] = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+          h_pair |= uint32_t(hb.raw()) << (16 * j);
         }
-        auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) -> dpre columns 2n .. 2n+3 (relative)
+        auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) from the first element
         if (cute::elem_less(c, view.residue)) {
-          *reinterpret_cast<uint2*>(view.aux + cute::get<0>(c) * view.ld + 2 * cute::get<1>(c)) =
-              make_uint2(dpre[0], dpre[1]);
+          *reinterpret_cast<uint32_t*>(view.aux + cute::get<0>(c) * view.ld + cute::get<1>(c)) = h_pair;
         }
       }
-      return h;
+      return dpre;
     }
   };
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = glu_epilogue::make_thread_view<ElementAux, 4>(args, params);
+    auto view = glu_epilogue::make_thread_view<ElementAux, 2>(args, params);
     return ConsumerStoreCallbacks<decltype(view)>(view, params.act);
   }
 };

@@ -48,7 +48,7 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupA
       ragged_m_problem(r, a.n, a.k, g.problem_shapes + 3 * e);
       g.a[e] = static_cast<const char*>(a.x) + r.begin * a.ldx * kElem;
       g.b[e] = static_cast<const char*>(a.w) + e * a.w_stride_group * kElem;
-      g.d[e] = static_cast<char*>(a.y) + r.begin * a.ldy * kElem;
+      g.d[e] = static_cast<char*>(a.y) + r.begin * a.ldy * x.y_elem_bytes;
       if (g.bias != nullptr) g.bias[e] = static_cast<const char*>(a.bias) + e * a.bias_stride_group * kElem;
       g.lda[e] = a.ldx;
       g.ldb[e] = b_n_contiguous ? a.w_stride_k : a.w_stride_n;
@@ -68,7 +68,8 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupA
   used = used < 0 ? 0 : (used > a.m ? a.m : used);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  zero_rows(static_cast<char*>(a.y) + used * a.ldy * kElem, a.m - used, a.n * kElem, a.ldy * kElem, thread, threads);
+  zero_rows(static_cast<char*>(a.y) + used * a.ldy * x.y_elem_bytes, a.m - used, a.n * x.y_elem_bytes,
+            a.ldy * x.y_elem_bytes, thread, threads);
   if (x.aux != nullptr) {
     zero_rows(static_cast<char*>(x.aux) + used * x.ldaux * kElem, a.m - used, x.aux_cols * kElem, x.ldaux * kElem,
               thread, threads);

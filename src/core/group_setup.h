@@ -49,6 +49,7 @@ CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, in
 
 // Extra row-aligned operands of the fused epilogues (rows follow y's groups).
 struct RaggedMExtras {
+  int64_t y_elem_bytes = 2;  // bf16 y; 4 where y holds packed bf16 pairs
   const void* c = nullptr;  // source operand C
   int64_t ldc = 0;          // in C elements
   int64_t c_elem_bytes = 0;

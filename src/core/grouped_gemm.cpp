@@ -272,14 +272,20 @@ Result glu_backward(const GluBackwardArgs& args, void* workspace, size_t workspa
   if (!r.ok() || args.gemm.m == 0) return r;
   r = check_workspace("glu_backward", plan, workspace, workspace_bytes);
   if (!r.ok()) return r;
+  // The kernel reads pre and writes dpre as (m, n) 32-bit (gate, linear) words through
+  // its TMA pipelines (C and D), and writes h as the aux output.
+  RaggedMGemmArgs gemm = args.gemm;
+  gemm.y = args.dpre;
+  gemm.ldy = args.lddpre / 2;
   detail::RaggedMExtras extras;
-  extras.c = args.pre;  // read as (m, n) 32-bit (gate, linear) words
+  extras.y_elem_bytes = 4;
+  extras.c = args.pre;
   extras.ldc = args.ldpre / 2;
   extras.c_elem_bytes = 4;
-  extras.aux = args.dpre;
-  extras.ldaux = args.lddpre;
-  extras.aux_cols = 2 * args.gemm.n;
-  return run_ragged_m(args.gemm, extras, glu_params(args.glu), plan, workspace, stream);
+  extras.aux = args.gemm.y;
+  extras.ldaux = args.gemm.ldy;
+  extras.aux_cols = args.gemm.n;
+  return run_ragged_m(gemm, extras, glu_params(args.glu), plan, workspace, stream);
 }
 
 Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,

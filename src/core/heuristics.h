@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel_table.h"
+#include "kernel_types.h"
 
 namespace cute_moe::detail {
 

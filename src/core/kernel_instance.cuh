@@ -1,7 +1,8 @@
 // One grouped-GEMM kernel of kernel_table.h, assembled from CUTLASS 3.x SM90 pieces.
 //
 // Included only by the generated one-row translation units (build/kernels/*.cu), so each
-// instantiation compiles on its own and in parallel.
+// instantiation compiles on its own and in parallel; the GLU variants' traits live in
+// glu_variants.cuh, which only their translation units include.
 //
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
@@ -28,7 +29,6 @@
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
-#include "glu_epilogue.cuh"
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
@@ -55,30 +55,6 @@ struct BiasEpilogue {
   }
 };
 
-// D = pre = acc + bias[group]; aux = h = act(pre)
-struct GluForwardEpilogue {
-  using ElementC = void;
-  template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluForwardAux<SwigluOai>, BiasTree<TileShape, float>>;
-  template <class Args>
-  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {{{}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}}, {}},
-            {g.aux, g.ldaux, ctx.glu}};
-  }
-};
-
-// C = pre as packed (gate, linear) words; aux = dpre = dact(acc, pre); D = h = act(pre)
-struct GluBackwardEpilogue {
-  using ElementC = uint32_t;
-  template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluBackward<SwigluOai>, cutlass::epilogue::fusion::Sm90AccFetch,
-                                                  cutlass::epilogue::fusion::Sm90SrcFetch<uint32_t>>;
-  template <class Args>
-  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {{}, {}, {g.aux, g.ldaux, ctx.glu}};
-  }
-};
-
 // --- Variants: operand layouts, output type and epilogue of each kernel_table.h variant.
 template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_>
 struct Traits {
@@ -96,10 +72,7 @@ struct VariantTraits;
 // ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
 template <> struct VariantTraits<KernelVariant::RaggedM_BRow> : Traits<RowMajor, RowMajor, bf16, BiasEpilogue> {};
 template <> struct VariantTraits<KernelVariant::RaggedM_BCol> : Traits<RowMajor, ColMajor, bf16, BiasEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluFwd_BRow> : Traits<RowMajor, RowMajor, bf16, GluForwardEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluFwd_BCol> : Traits<RowMajor, ColMajor, bf16, GluForwardEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluBwd_BRow> : Traits<RowMajor, RowMajor, bf16, GluBackwardEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluBwd_BCol> : Traits<RowMajor, ColMajor, bf16, GluBackwardEpilogue> {};
+// (GLU variants: glu_variants.cuh, included by their translation units only)
 // ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
 template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16> : Traits<ColMajor, RowMajor, bf16, BiasEpilogue> {};
 template <> struct VariantTraits<KernelVariant::RaggedK_OutF32> : Traits<ColMajor, RowMajor, float, BiasEpilogue> {};

@@ -3,6 +3,7 @@
 #include "kernel_registry.h"
 
 #include "heuristics.h"
+#include "kernel_table.h"
 
 namespace cute_moe::detail {
 

@@ -15,7 +15,7 @@
 
 #include "activations.h"
 #include "cute_moe/status.h"
-#include "kernel_table.h"
+#include "kernel_types.h"
 
 namespace cute_moe::detail {
 
