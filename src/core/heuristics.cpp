@@ -78,9 +78,10 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
     }
   }
   if (choice.index < 0) choice.index = choose_tile_config(p, candidates, sm_count);
-  if (ragged_m && rows_per_group >= p.n) {
+  const bool pingpong = candidates[choice.index].schedule == Schedule::Pingpong;
+  if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;
-    choice.swizzle = candidates[choice.index].schedule == Schedule::Pingpong ? 2 : 1;
+    choice.swizzle = pingpong ? 2 : 1;
   } else if (!ragged_m && !short_reduction) {
     choice.swizzle = 2;
   }
