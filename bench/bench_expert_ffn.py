@@ -16,10 +16,11 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import torch
+
+from common import fmt, git_commit, rel_error, time_ms
 
 # rows M = tokens * top-k routed rows, hidden H, expert intermediate I (up width 2I), experts E.
 SHAPES = {
@@ -96,18 +97,6 @@ def torchtitan_block(t: dict, offs: torch.Tensor, layout: str):
     return torch._grouped_mm(h, operand(t["W_down"], layout), offs=offs) + t["b_down"][row_expert]
 
 
-def time_ms(fn, reps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    return times[len(times) // 2]
 
 
 def peak_bytes(fn) -> int:
@@ -120,10 +109,6 @@ def peak_bytes(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    ref64 = ref.double()
-    den = ref64.norm().item()
-    return (out.double() - ref64).norm().item() / den if den > 0 else out.double().norm().item()
 
 
 def bench_impl(block, t, offs, dy, layout, reps, warmup) -> dict:
@@ -194,19 +179,8 @@ def bench_case(shape: str, routing: str, layout: str, reps: int, warmup: int, se
     return row
 
 
-def git_commit() -> str | None:
-    if os.environ.get("CUTE_MOE_GIT_COMMIT"):  # set where the checkout has no .git (GPU machine)
-        return os.environ["CUTE_MOE_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))
-                              ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
 
 
 def worst(values):

@@ -13,11 +13,12 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 
 import torch
+
+from common import fmt, git_commit, rel_error, time_ms
 
 # tokens T, hidden H, expert intermediate I, experts E, top-k; up-projection width 2I (GLU).
 SHAPES = {
@@ -79,18 +80,6 @@ def sweep_variants(kind: str) -> dict[str, dict[str, str]]:
     return variants
 
 
-def time_ms(fn, reps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    return times[len(times) // 2]
 
 
 def make_inputs(g: Gemm, sizes: list[int], gen: torch.Generator):
@@ -108,10 +97,6 @@ def make_inputs(g: Gemm, sizes: list[int], gen: torch.Generator):
     return a, w.mul_(g.k ** -0.5), offs
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    ref64 = ref.double()
-    den = ref64.norm().item()
-    return (out.double() - ref64).norm().item() / den if den > 0 else out.double().norm().item()
 
 
 def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
@@ -148,19 +133,8 @@ def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
     return row
 
 
-def git_commit() -> str | None:
-    if os.environ.get("CUTE_MOE_GIT_COMMIT"):  # set where the checkout has no .git (GPU machine)
-        return os.environ["CUTE_MOE_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))
-                              ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
 
 
 def print_table(rows: list[dict]) -> None:

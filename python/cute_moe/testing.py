@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .reference import offsets_from_counts
 
@@ -193,3 +194,16 @@ def random_expert_ffn(m: int, hidden: int, inter: int, num_groups: int,
 
     return ExpertFFN(prep(x), prep(w_up), prep(b_up), prep(w_down), prep(b_down),
                      offsets_from_counts(sizes, device=device), sizes, layout)
+
+
+class OpLog(TorchDispatchMode):
+    """Records the cute_moe ops dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "cute_moe":
+            self.calls.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))

@@ -77,7 +77,9 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
       choice.index = static_cast<int>(i);
     }
   }
-  if (choice.index < 0) choice.index = choose_tile_config(p, candidates, sm_count);
+  // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
+  // model weigh the 64-row tiles.
+  if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
   const bool pingpong = candidates[choice.index].schedule == Schedule::Pingpong;
   if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;

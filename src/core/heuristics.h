@@ -48,7 +48,8 @@ struct LaunchChoice {
 // mainloop; longer ones the 128x256 cooperative kernel. Tall groups (rows per group >= n),
 // and every pingpong launch (never slower so, faster under skew), walk tiles along n,
 // keeping the expert's weight in L2 while rows stream past. Falls back
-// to the cost model when the preferred kernel is not compiled for the variant.
+// to the cost model when the preferred kernel is not compiled for the variant, and for
+// tiny ragged-M groups (<= 64 rows on average), where 64-row tiles can win.
 LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

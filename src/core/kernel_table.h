@@ -18,18 +18,14 @@
 // clang-format off
 #define CUTE_MOE_KERNEL_TABLE(X) \
   X(RaggedM_BRow,   128, 256,  64, 2, 1, Cooperative) \
-  X(RaggedM_BRow,   256, 128,  64, 2, 1, Cooperative) \
   X(RaggedM_BRow,   128, 128,  64, 2, 1, Pingpong) \
   X(RaggedM_BRow,    64, 128, 128, 1, 1, Pingpong) \
   X(RaggedM_BCol,   128, 256,  64, 2, 1, Cooperative) \
-  X(RaggedM_BCol,   256, 128,  64, 2, 1, Cooperative) \
   X(RaggedM_BCol,   128, 128,  64, 2, 1, Pingpong) \
   X(RaggedM_BCol,    64, 128, 128, 1, 1, Pingpong) \
   X(RaggedK_OutBF16, 128, 256, 64, 2, 1, Cooperative) \
-  X(RaggedK_OutBF16, 256, 128, 64, 2, 1, Cooperative) \
   X(RaggedK_OutBF16, 128, 128, 64, 2, 1, Pingpong) \
   X(RaggedK_OutF32,  128, 256, 64, 2, 1, Cooperative) \
-  X(RaggedK_OutF32,  256, 128, 64, 2, 1, Cooperative) \
   X(RaggedK_OutF32,  128, 128, 64, 2, 1, Pingpong) \
   X(GluFwd_BRow,    128, 256,  64, 2, 1, Cooperative) \
   X(GluFwd_BRow,    128, 128,  64, 2, 1, Pingpong) \

@@ -81,6 +81,12 @@ TEST(ChooseLaunch, ShortReductionsPingpongLongOnesCooperative) {
   EXPECT_EQ(qwen.index, 4);
 }
 
+TEST(ChooseLaunch, TinyGroupsGetTheCostModelsSmallTiles) {
+  // 128 experts with 32 rows each on average.
+  LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 4096, 2048, 768, 128}, {kCoop, kPong, kSmall}, 132);
+  EXPECT_EQ(c.index, 2);
+}
+
 TEST(ChooseLaunch, FallsBackToTheCostModelWhenThePreferredKernelIsMissing) {
   LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, kSmall}, 132);
   EXPECT_EQ(c.index, 0);

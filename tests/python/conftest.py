@@ -17,3 +17,7 @@ def pytest_configure(config):
 
         if not cute_moe.library_loaded():
             raise RuntimeError(f"CUTE_MOE_REQUIRE_LIBRARY=1 but the op library is not loaded: {_library._load_error}")
+        import torch
+
+        if not hasattr(torch.ops.cute_moe, "grouped_mm_swiglu"):
+            raise RuntimeError("CUTE_MOE_REQUIRE_LIBRARY=1 but the op library lacks the fused SwiGLU ops")

@@ -5,10 +5,10 @@
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cute_moe
 from cute_moe import testing
+from cute_moe.testing import OpLog
 from cute_moe.reference import grouped_mm_ref
 
 pytestmark = pytest.mark.skipif(
@@ -17,19 +17,6 @@ pytestmark = pytest.mark.skipif(
 
 BF16 = torch.bfloat16
 ops = torch.ops.cute_moe if cute_moe.library_loaded() else None
-
-
-class OpLog(TorchDispatchMode):
-    """Records the cute_moe ops dispatched while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "cute_moe":
-            self.calls.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
 
 
 def test_schemas_and_registrations():

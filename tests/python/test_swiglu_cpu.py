@@ -10,29 +10,16 @@ import warnings
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cute_moe
 from cute_moe import _ops, repack, testing
+from cute_moe.testing import OpLog
 from cute_moe import reference as ref
 
 BF16, F64 = torch.bfloat16, torch.float64
 HAS_OPS = hasattr(torch.ops.cute_moe, "grouped_mm_swiglu")
 needs_ops = pytest.mark.skipif(not HAS_OPS, reason="the op library has no grouped_mm_swiglu "
-                               "(fused SwiGLU ops not built yet)")
-
-
-class OpLog(TorchDispatchMode):
-    """Records the cute_moe ops dispatched while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "cute_moe":
-            self.calls.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
+                               "(an older build)")
 
 
 @pytest.fixture(params=["library", "reference"])
