@@ -71,25 +71,29 @@ def _param_grads(a, dy, offs, w_transposed, w_dtype, need_w, bias_dtype):
 class _UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up) -> (h, pre). Backward takes the gradient of pre (from
     _DownProj) and, when h also feeds something else, adds the SwiGLU backward of h's
-    gradient computed from pre."""
+    gradient computed from pre, recomputed."""
 
     @staticmethod
     def forward(ctx, x, w, offs, bias, alpha, limit):
         h, pre = _swiglu_fwd(x, w, offs, bias, alpha, limit)
-        need_x, need_w = ctx.needs_input_grad[:2]
         ctx.set_materialize_grads(False)
         ctx.alpha, ctx.limit = alpha, limit
         ctx.w_transposed = w.stride(2) != 1
         ctx.w_dtype = w.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.save_for_backward(x if need_w else None, w if need_x else None, offs, pre)
+        # pre is NOT kept here: in the fused route _DownProj keeps it and frees it after its
+        # backward, before this backward allocates dW_up (1 GiB less at the peak for
+        # GPT-OSS-20B). The unfused route recomputes it (x, W_up, bias are inputs: saving
+        # them costs nothing).
+        ctx.save_for_backward(x, w, offs, bias)
         return h, pre
 
     @staticmethod
     def backward(ctx, grad_h, grad_pre):
-        x, w, offs, pre = ctx.saved_tensors
+        x, w, offs, bias = ctx.saved_tensors
         dpre = grad_pre
-        if grad_h is not None:
+        if grad_h is not None:  # swiglu_out took gradient outside the fused route
+            pre = _swiglu_fwd(x, w, offs, bias, ctx.alpha, ctx.limit)[1]  # same bits as the forward's
             d = swiglu_oai_bwd_ref(grad_h, pre, ctx.alpha, ctx.limit)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:

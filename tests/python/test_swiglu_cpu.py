@@ -517,6 +517,9 @@ def test_fused_route_runs_the_fused_ops(layout):
     saved_down = out.grad_fn.saved_tensors
     assert all(t is None or t.data_ptr() != h.data_ptr() for t in saved_down), "h was saved"
     assert any(t is not None and t.data_ptr() == pre.data_ptr() for t in saved_down)
+    # Only the down projection keeps pre, so it is freed before the up projection's backward.
+    saved_up = pre.grad_fn.saved_tensors
+    assert all(t is None or t.data_ptr() != pre.data_ptr() for t in saved_up), "pre saved twice"
     del h
     with OpLog() as log:
         out.sum().backward()
