@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install_deps.sh
+bash scripts/install_deps.sh --bench
 BUILD_DIR=${CUTE_MOE_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCUTE_MOE_BUILD_TORCH=ON -DCUTE_MOE_BUILD_TESTS=OFF \
   -DPython3_EXECUTABLE="$(command -v python3)"
