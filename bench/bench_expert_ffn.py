@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 
 import torch
 
-from common import fmt, git_commit, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
 
 # rows M = tokens * top-k routed rows, hidden H, expert intermediate I (up width 2I), experts E.
 SHAPES = {
@@ -97,8 +96,6 @@ def torchtitan_block(t: dict, offs: torch.Tensor, layout: str):
     return torch._grouped_mm(h, operand(t["W_down"], layout), offs=offs) + t["b_down"][row_expert]
 
 
-
-
 def peak_bytes(fn) -> int:
     """Peak allocated memory above what was allocated before, during one call."""
     torch.cuda.synchronize()
@@ -107,8 +104,6 @@ def peak_bytes(fn) -> int:
     fn()
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - base
-
-
 
 
 def bench_impl(block, t, offs, dy, layout, reps, warmup) -> dict:
@@ -177,10 +172,6 @@ def bench_case(shape: str, routing: str, layout: str, reps: int, warmup: int, se
     del ours, theirs
     row["bias_grad_error"] = bias_grad_errors(t, offs, dy, layout, grads)
     return row
-
-
-
-
 
 
 def worst(values):
@@ -260,15 +251,8 @@ def main(argv=None) -> int:
         print("bench_expert_ffn: no CUDA device; this benchmark needs an SM90 GPU",
               file=sys.stderr)
         return 2
-    try:
-        import cute_moe
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "python"))
-        import cute_moe
+    cute_moe = import_cute_moe()
     from cute_moe import _ops
-    from cute_moe._library import require_library
-    require_library("the benchmark")
     if not _ops.SWIGLU_REGISTERED:
         print("bench_expert_ffn: the loaded op library has no cute_moe::grouped_mm_swiglu / "
               "grouped_mm_swiglu_bwd; rebuild it", file=sys.stderr)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import fmt, git_commit, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
 
 # tokens T, hidden H, expert intermediate I, experts E, top-k; up-projection width 2I (GLU).
 SHAPES = {
@@ -80,8 +80,6 @@ def sweep_variants(kind: str) -> dict[str, dict[str, str]]:
     return variants
 
 
-
-
 def make_inputs(g: Gemm, sizes: list[int], gen: torch.Generator):
     num_groups = len(sizes)
     dev, bf16 = "cuda", torch.bfloat16
@@ -95,8 +93,6 @@ def make_inputs(g: Gemm, sizes: list[int], gen: torch.Generator):
     else:
         w = torch.randn(num_groups, g.k, g.n, device=dev, dtype=bf16, generator=gen)
     return a, w.mul_(g.k ** -0.5), offs
-
-
 
 
 def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
@@ -131,10 +127,6 @@ def bench_gemm(g: Gemm, sizes: list[int], reps: int, warmup: int, seed: int,
         row.update(torch_ms=None, rel_error=None, torch_error=str(exc).splitlines()[0])
     del a, b, out
     return row
-
-
-
-
 
 
 def print_table(rows: list[dict]) -> None:
@@ -192,15 +184,8 @@ def main(argv=None) -> int:
         print("bench_grouped_gemm: no CUDA device; this benchmark needs an SM90 GPU",
               file=sys.stderr)
         return 2
-    try:
-        import cute_moe
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "python"))
-        import cute_moe
+    cute_moe = import_cute_moe()
     from cute_moe import testing
-    from cute_moe._library import require_library
-    require_library("the benchmark")
 
     rows = []
     for shape in args.shapes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import torch
 
@@ -45,3 +46,16 @@ def git_commit() -> str | None:
 
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
+
+
+def import_cute_moe():
+    """cute_moe, installed or from this checkout's python/, with its op library loaded
+    (a clear error otherwise)."""
+    try:
+        import cute_moe
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import cute_moe
+    from cute_moe._library import require_library
+    require_library("the benchmark")
+    return cute_moe

@@ -175,11 +175,30 @@ detail::GluParams glu_params(const GluOptions& o) {
   return p;
 }
 
+// Extra scratch beyond the GEMM's own: the bias-gradient column sums of ragged K.
+size_t scratch_bytes(const RaggedKGemmArgs& a) {
+  return a.dbias != nullptr ? detail::column_sum_workspace_bytes(a.m, a.n, a.num_groups) : 0;
+}
+template <typename Args>
+size_t scratch_bytes(const Args&) {
+  return 0;
+}
+
 template <typename Args>
 Result plan_call(const Args& args, const GemmOptions& opts, Plan* plan) {
   Result r = validate(args);
   if (!r.ok()) return r;
-  return make_plan(problem_of(args), opts, plan);
+  r = make_plan(problem_of(args), opts, plan);
+  plan->scratch_bytes = scratch_bytes(args);
+  return r;
+}
+
+template <typename Args>
+Result planned_workspace_size(const Args& args, size_t* bytes, const GemmOptions& opts) {
+  Plan plan;
+  Result r = plan_call(args, opts, &plan);
+  if (r.ok()) *bytes = plan.total();
+  return r;
 }
 
 detail::LaunchContext launch_context(const Plan& plan, void* workspace, cudaStream_t stream);
@@ -224,19 +243,11 @@ detail::LaunchContext launch_context(const Plan& plan, void* workspace, cudaStre
 }  // namespace
 
 Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
-  Plan plan;
-  Result r = plan_call(args, opts, &plan);
-  if (r.ok()) *bytes = plan.total();
-  return r;
+  return planned_workspace_size(args, bytes, opts);
 }
 
 Result workspace_size(const RaggedKGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
-  Plan plan;
-  Result r = plan_call(args, opts, &plan);
-  if (!r.ok()) return r;
-  if (args.dbias != nullptr) plan.scratch_bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
-  *bytes = plan.total();
-  return r;
+  return planned_workspace_size(args, bytes, opts);
 }
 
 Result ragged_m_gemm(const RaggedMGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
@@ -293,7 +304,6 @@ Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t worksp
   Plan plan;
   Result r = plan_call(args, opts, &plan);
   if (!r.ok()) return r;
-  if (args.dbias != nullptr) plan.scratch_bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
   r = check_workspace("ragged_k_gemm", plan, workspace, workspace_bytes);
   if (!r.ok()) return r;
 
@@ -316,17 +326,11 @@ Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t worksp
 }
 
 Result workspace_size(const GluForwardArgs& args, size_t* bytes, const GemmOptions& opts) {
-  Plan plan;
-  Result r = plan_call(args, opts, &plan);
-  if (r.ok()) *bytes = plan.total();
-  return r;
+  return planned_workspace_size(args, bytes, opts);
 }
 
 Result workspace_size(const GluBackwardArgs& args, size_t* bytes, const GemmOptions& opts) {
-  Plan plan;
-  Result r = plan_call(args, opts, &plan);
-  if (r.ok()) *bytes = plan.total();
-  return r;
+  return planned_workspace_size(args, bytes, opts);
 }
 
 Result workspace_size(const GroupColumnSumArgs& args, size_t* bytes) {
