@@ -1,11 +1,14 @@
-// Public C++ API of the grouped GEMMs with a gated activation (GLU) fused into the
-// epilogue: the up-projection of an expert FFN forward, and the input gradient of the
-// down-projection with the activation's backward (no PyTorch).
+// Public C++ API of the grouped GEMMs with an activation fused into the epilogue: the
+// up-projection of an expert FFN forward, and the input gradient of the down-projection
+// with the activation's backward (no PyTorch). design.md section 2 defines the
+// activations.
 //
-// The up-projection's columns are interleaved: column 2j is gate j, column 2j+1 is
-// linear j (the HF GPT-OSS layout; cute_moe.repack converts [gate | linear] halves).
-// Conventions and guarantees as in grouped_gemm.h (device-side offs, no host sync,
-// validation with messages, padding rows zero in every output).
+// Gated activations read the up-projection's columns interleaved: column 2j is gate j,
+// column 2j+1 is linear j (the HF GPT-OSS layout; cute_moe.repack converts [gate | linear]
+// halves), so the up-projection is 2I wide and h is I wide. Non-gated ones (srelu) map
+// each column to one: both are I wide. Conventions and guarantees as in grouped_gemm.h
+// (device-side offs, no host sync, validation with messages, padding rows zero in every
+// output).
 #pragma once
 
 #include "cute_moe/grouped_gemm.h"
@@ -14,38 +17,55 @@ namespace cute_moe {
 
 enum class GluActivation {
   kSwigluOai,  // GPT-OSS: g = min(a, L), u = clamp(b, -L, L), h = g * sigmoid(alpha * g) * (u + 1)
+  kSwiglu,     // h = silu(g) * u (same optional clamps)
+  kGeglu,      // h = gelu_tanh(g) * u (same optional clamps)
+  kSrelu,      // h = relu(a)^2, not gated (no limit)
 };
+
+// Whether the activation reads (gate, linear) pairs.
+inline bool is_gated(GluActivation a) { return a != GluActivation::kSrelu; }
 
 struct GluOptions {
   GluActivation activation = GluActivation::kSwigluOai;
-  float alpha = 1.702f;
-  float limit = 7.0f;
-  bool has_limit = true;  // false: no clamping (limit=None)
+  float alpha = 1.702f;   // swiglu_oai's sigmoid scale
+  float limit = 7.0f;     // gated activations: clamp limit
+  bool has_limit = true;  // false: no clamping (limit=None); must be false for srelu
 };
 
 // Forward of the up-projection, one launch:
-//   pre[r, :] = x[r, :] @ W_e + bias[e, :]   width gemm.n = 2I, stored in gemm.y (bf16)
-//   h[r, j]   = act(pre[r, 2j], pre[r, 2j+1]) width I, stored in h (bf16), computed from
-//               pre as rounded to bf16, so a recomputation from the stored pre is exact.
+//   pre[r, :] = group_scale[e] * (x[r, :] @ W_e) + bias[e, :]   width gemm.n, stored in gemm.y
+//   h[r, :]   = act(pre[r, :])  width gemm.n / 2 (gated) or gemm.n, stored in h (bf16),
+//               computed from pre as rounded to bf16, so a recomputation from the stored
+//               pre is exact.
+// gemm.row_scale must be null.
 struct GluForwardArgs {
   RaggedMGemmArgs gemm;
-  void* h = nullptr;  // bf16 (gemm.m, gemm.n / 2), row stride ldh
+  void* h = nullptr;  // bf16 (gemm.m, width above), row stride ldh
   int64_t ldh = 0;
   GluOptions glu;
 };
 
 // Input gradient of the down-projection with the activation's backward, one launch:
-//   dh = dy @ W_e  (gemm.x = dy (m, H); gemm.w = the matrix multiplied, (E, H, I): pass the
+//   u  = dy @ W_e  (gemm.x = dy (m, H); gemm.w = the matrix multiplied, (E, H, I): pass the
 //        down-projection weight's transpose; gemm.n = I), kept in fp32
-//   dpre[r, 2j], dpre[r, 2j+1] = dh * dh/dgate, dh * dh/dlinear   width 2I, bf16
-//   h = act(pre) recomputed, width I, stored in gemm.y (bf16), equal to the forward's h
-// gemm.bias must be null.
+//   dh = p[r] * s[e] * u, with p = gemm.row_scale (router probabilities; optional, 1) and
+//        s = gemm.group_scale (the down projection's per-expert scale; optional, 1)
+//   dpre = dh * act'(pre), width 2I (gated: (dgate, dlinear) pairs) or I, bf16
+//   gemm.y = p[r] * act(pre), width I (bf16): h recomputed (equal to the forward's) times
+//        the row scale, the operand of the down projection's weight gradient
+//   row_scale_grad[r] = sum_j act(pre)[r, j] * s[e] * u[r, j] + sum_n dy[r, n] * out_bias[e, n]
+//        (optional fp32 (m,), needs row_scale): the gradient of p when the forward's output
+//        was p * (s * h @ W_down + out_bias); out_bias (E, H) optional. Deterministic.
+// gemm.bias must be null. Padding rows get zeros in every output.
 struct GluBackwardArgs {
   RaggedMGemmArgs gemm;
-  const void* pre = nullptr;  // bf16 (gemm.m, 2 * gemm.n) from the forward, row stride ldpre
+  const void* pre = nullptr;  // bf16 (gemm.m, 2 * gemm.n or gemm.n) from the forward, row stride ldpre
   int64_t ldpre = 0;
-  void* dpre = nullptr;  // bf16 (gemm.m, 2 * gemm.n), row stride lddpre
+  void* dpre = nullptr;  // bf16, the shape of pre, row stride lddpre
   int64_t lddpre = 0;
+  float* row_scale_grad = nullptr;
+  const void* out_bias = nullptr;  // bf16 (num_groups, gemm.k), row stride out_bias_stride
+  int64_t out_bias_stride = 0;
   GluOptions glu;
 };
 

@@ -38,7 +38,10 @@ const char* dtype_name(DType t);
 // Largest group count a call accepts.
 constexpr int32_t kMaxGroups = 1 << 16;
 
-// y[r, :] = x[r, :] @ W_e (+ bias[e, :]) for every row r of group e.
+// y[r, :] = row_scale[r] * (group_scale[e] * (x[r, :] @ W_e) + bias[e, :]) for every row
+// r of group e; each of row_scale, group_scale and bias is optional (1, 1, 0). The group
+// scale is the seed's per-expert alpha, the row scale the router probability of a routed
+// row (the down projection of an expert FFN). Computed in fp32, rounded once.
 //
 // W_e is the (k x n) matrix at w + e * w_stride_group whose element (i, j) sits at
 // i * w_stride_k + j * w_stride_n: exactly one of w_stride_k, w_stride_n must be 1.
@@ -59,6 +62,8 @@ struct RaggedMGemmArgs {
   int64_t w_stride_group = 0, w_stride_k = 0, w_stride_n = 0;
   const void* bias = nullptr;  // optional bf16 (num_groups, n), row stride bias_stride_group
   int64_t bias_stride_group = 0;
+  const float* group_scale = nullptr;  // optional fp32 (num_groups,)
+  const float* row_scale = nullptr;    // optional fp32 (m,)
   void* y = nullptr;  // bf16 (m, n), row stride ldy
   int64_t ldy = 0;
 };
@@ -83,9 +88,10 @@ struct RaggedKGemmArgs {
   float* dbias = nullptr;  // optional fp32 (num_groups, n) contiguous
 };
 
-// out[e, :] = sum over the rows r of group e of src[r, :], accumulated in fp32, with a
-// fixed summation order (the same input gives the same bits). This is the bias gradient
-// of a grouped GEMM; ragged_k_gemm computes it alongside dw when given dbias.
+// out[e, :] = sum over the rows r of group e of row_scale[r] * src[r, :] (row_scale
+// optional, 1), accumulated in fp32, with a fixed summation order (the same input gives
+// the same bits). This is the bias gradient of a grouped GEMM (row_scale: of one whose
+// output rows were scaled by it); ragged_k_gemm computes it alongside dw when given dbias.
 struct GroupColumnSumArgs {
   int64_t m = 0;  // rows of src
   int64_t n = 0;  // columns of src and out
@@ -93,6 +99,7 @@ struct GroupColumnSumArgs {
   const int32_t* offs = nullptr;  // device, num_groups cumulative end offsets
   const void* src = nullptr;      // bf16 (m, n), row stride ld
   int64_t ld = 0;
+  const float* row_scale = nullptr;  // optional fp32 (m,)
   float* out = nullptr;  // fp32 (num_groups, n) contiguous
 };
 

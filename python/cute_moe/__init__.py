@@ -2,10 +2,10 @@
 # with pure-PyTorch references that double as the CPU implementation).
 from . import reference, repack
 from ._library import library_loaded
-from .expert_ffn import grouped_mm_downproj, grouped_mm_swiglu
+from .expert_ffn import expert_ffn, grouped_mm_downproj, grouped_mm_swiglu
 from .functional import grouped_mm
 
 __version__ = "0.1.0"
 
-__all__ = ["grouped_mm", "grouped_mm_swiglu", "grouped_mm_downproj", "library_loaded",
+__all__ = ["grouped_mm", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "library_loaded",
            "reference", "repack", "__version__"]

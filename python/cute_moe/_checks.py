@@ -69,11 +69,13 @@ def check_grouped_mm_wgrad_args(x, dy, offs, out_dtype=None,
     _same_device(op, "x", x, dy=dy, offs=offs)
 
 
-def check_grouped_column_sum_args(src, offs, op: str = "grouped_column_sum") -> None:
-    """src (M, N) bf16, offs 1-D int32 on src's device."""
+def check_grouped_column_sum_args(src, offs, row_scale=None,
+                                  op: str = "grouped_column_sum") -> None:
+    """src (M, N) bf16, offs 1-D int32 and row_scale (M,) float32 on src's device."""
     _tensor(op, "src", src, 2, torch.bfloat16)
     _tensor(op, "offs", offs, 1, torch.int32)
     _same_device(op, "src", src, offs=offs)
+    check_scales(op, "row_scale", row_scale, src.shape[0], "one per row of src", "src", src)
 
 
 def check_swiglu_params(alpha, limit, op: str, names: dict[str, str] | None = None) -> None:
@@ -117,4 +119,79 @@ def check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha=1.702, limit=7.0,
     """dy (M, N) and w (E, N, I) as check_grouped_mm_args has them, pre (M, 2I)."""
     check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
     check_pre_args(pre, dy.shape[0], w.shape[2], "dy", dy, op)
+    check_swiglu_params(alpha, limit, op)
+
+
+def check_activation(activation, limit, op: str) -> None:
+    """activation one of reference.ACTIVATIONS; srelu and none take no clamp limit."""
+    from .reference import ACTIVATIONS, GATED_ACTIVATIONS
+    if activation not in ACTIVATIONS:
+        _fail(op, "activation", f"one of {ACTIVATIONS}", repr(activation))
+    if limit is not None and activation not in GATED_ACTIVATIONS:
+        _fail(op, "limit", f"None for {activation!r} (clamp limits apply to gated activations)",
+              limit)
+
+
+def check_scales(op: str, name: str, t, length: int, what: str, ref_name: str,
+                 ref: torch.Tensor, dtypes=(torch.float32,)) -> None:
+    """An optional 1-D vector of `length` floats (a per-expert or per-row scale)."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        _fail(op, name, "a tensor or None", type(t).__name__)
+    if t.dim() != 1 or t.shape[0] != length:
+        _fail(op, name, f"shape ({length},) ({what})", f"shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        _fail(op, name, " or ".join(str(d) for d in dtypes), t.dtype)
+    _same_device(op, ref_name, ref, **{name: t})
+
+
+def check_grouped_mm_scaled_args(x, w, offs, bias=None, scale=None, prob=None,
+                                 op: str = "grouped_mm_scaled") -> None:
+    check_grouped_mm_args(x, w, offs, bias, op)
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "x", x)
+    check_scales(op, "prob", prob, x.shape[0], "one per row of x", "x", x)
+
+
+def check_grouped_mm_act_args(x, w, offs, bias=None, scale=None, activation="swiglu",
+                              alpha=1.702, limit=None, op: str = "grouped_mm_act") -> None:
+    from .reference import GATED_ACTIVATIONS
+    check_activation(activation, limit, op)
+    if activation == "none":
+        _fail(op, "activation", "a fused activation (not 'none': use grouped_mm_scaled)",
+              repr(activation))
+    check_grouped_mm_args(x, w, offs, bias, op)
+    if activation in GATED_ACTIVATIONS and w.shape[2] % 2:
+        _fail(op, "w", "an even w.shape[2] (2I interleaved gate/linear columns)",
+              f"shape {tuple(w.shape)}")
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "x", x)
+    check_swiglu_params(alpha, limit, op)
+
+
+def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
+                                  prob_grad=False, activation="swiglu", alpha=1.702,
+                                  limit=None, op: str = "grouped_mm_act_bwd") -> None:
+    from .reference import GATED_ACTIVATIONS
+    check_activation(activation, limit, op)
+    check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
+    gated = activation in GATED_ACTIVATIONS
+    width = 2 * w.shape[2] if gated else w.shape[2]
+    _tensor(op, "pre", pre, 2, torch.bfloat16)
+    if tuple(pre.shape) != (dy.shape[0], width):
+        _fail(op, "pre", f"shape {(dy.shape[0], width)}", f"shape {tuple(pre.shape)}")
+    if pre.stride(1) != 1:
+        _fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
+    _same_device(op, "dy", dy, pre=pre)
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "dy", dy)
+    check_scales(op, "prob", prob, dy.shape[0], "one per row of dy", "dy", dy)
+    if prob_grad and prob is None:
+        _fail(op, "prob", "a tensor when prob_grad is set", None)
+    if out_bias is not None:
+        if not prob_grad:
+            _fail(op, "out_bias", "None unless prob_grad (it is only read for dprob)", "a tensor")
+        _tensor(op, "out_bias", out_bias, 2, torch.bfloat16)
+        if tuple(out_bias.shape) != (w.shape[0], dy.shape[1]):
+            _fail(op, "out_bias", f"shape {(w.shape[0], dy.shape[1])} (E, H)",
+                  f"shape {tuple(out_bias.shape)}")
+        _same_device(op, "dy", dy, out_bias=out_bias)
     check_swiglu_params(alpha, limit, op)

@@ -9,15 +9,18 @@ from __future__ import annotations
 import torch
 
 from . import _library
-from ._checks import (check_grouped_column_sum_args, check_grouped_mm_args,
-                      check_grouped_mm_swiglu_args, check_grouped_mm_swiglu_bwd_args,
-                      check_grouped_mm_wgrad_args)
-from .reference import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_swiglu_bwd_ref,
-                        grouped_mm_swiglu_ref, grouped_mm_wgrad_ref)
+from ._checks import (check_grouped_column_sum_args, check_grouped_mm_act_args,
+                      check_grouped_mm_act_bwd_args, check_grouped_mm_args,
+                      check_grouped_mm_scaled_args, check_grouped_mm_swiglu_args,
+                      check_grouped_mm_swiglu_bwd_args, check_grouped_mm_wgrad_args)
+from .reference import (GATED_ACTIVATIONS, grouped_bias_grad_ref, grouped_mm_act_bwd_ref,
+                        grouped_mm_act_ref, grouped_mm_ref, grouped_mm_scaled_ref,
+                        grouped_mm_swiglu_bwd_ref, grouped_mm_swiglu_ref, grouped_mm_wgrad_ref)
 
-__all__ = ["REGISTERED", "SWIGLU_REGISTERED"]
+__all__ = ["REGISTERED", "SWIGLU_REGISTERED", "ACT_REGISTERED"]
 
 SWIGLU_OPS = ("grouped_mm_swiglu", "grouped_mm_swiglu_bwd")
+ACT_OPS = ("grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_scaled")
 
 
 def _fake_grouped_mm(x, w, offs, bias=None):
@@ -46,14 +49,55 @@ def _cpu_grouped_mm_wgrad(x, dy, offs, out_dtype=None, bias_grad=False):
     return dw, grouped_bias_grad_ref(dy, offs)
 
 
-def _fake_grouped_column_sum(src, offs):
-    check_grouped_column_sum_args(src, offs)
+def _fake_grouped_column_sum(src, offs, row_scale=None):
+    check_grouped_column_sum_args(src, offs, row_scale)
     return src.new_empty(offs.shape[0], src.shape[1], dtype=torch.float32)
 
 
-def _cpu_grouped_column_sum(src, offs):
-    check_grouped_column_sum_args(src, offs)
-    return grouped_bias_grad_ref(src, offs)
+def _cpu_grouped_column_sum(src, offs, row_scale=None):
+    check_grouped_column_sum_args(src, offs, row_scale)
+    return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _fake_grouped_mm_scaled(x, w, offs, bias=None, scale=None, prob=None):
+    check_grouped_mm_scaled_args(x, w, offs, bias, scale, prob)
+    return x.new_empty(x.shape[0], w.shape[2])
+
+
+def _cpu_grouped_mm_scaled(x, w, offs, bias=None, scale=None, prob=None):
+    check_grouped_mm_scaled_args(x, w, offs, bias, scale, prob)
+    return grouped_mm_scaled_ref(x, w, offs, bias, scale, prob)
+
+
+def _fake_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu", alpha=1.702,
+                         limit=None):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
+    n = w.shape[2]
+    return x.new_empty(x.shape[0], n // 2 if activation in GATED_ACTIVATIONS else n), \
+        x.new_empty(x.shape[0], n)
+
+
+def _cpu_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu", alpha=1.702,
+                        limit=None):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit)
+
+
+def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
+                             prob_grad=False, activation="swiglu", alpha=1.702, limit=None):
+    check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
+    m = dy.shape[0]
+    return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
+            dy.new_empty(m if prob_grad else 0, dtype=torch.float32))
+
+
+def _cpu_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
+                            prob_grad=False, activation="swiglu", alpha=1.702, limit=None):
+    check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
+    return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
 
 
 def _fake_grouped_mm_swiglu(x, w, offs, bias=None, alpha=1.702, limit=7.0):
@@ -140,6 +184,15 @@ def _register_swiglu() -> None:
                                   _cpu_grouped_mm_swiglu_bwd)
 
 
+def _register_act() -> None:
+    for name, fake, cpu in (("grouped_mm_scaled", _fake_grouped_mm_scaled, _cpu_grouped_mm_scaled),
+                            ("grouped_mm_act", _fake_grouped_mm_act, _cpu_grouped_mm_act),
+                            ("grouped_mm_act_bwd", _fake_grouped_mm_act_bwd,
+                             _cpu_grouped_mm_act_bwd)):
+        torch.library.register_fake(f"cute_moe::{name}", fake)
+        torch.library.register_kernel(f"cute_moe::{name}", "cpu", cpu)
+
+
 REGISTERED = _library.library_loaded()
 if REGISTERED:
     _register()
@@ -147,3 +200,8 @@ if REGISTERED:
 SWIGLU_REGISTERED = REGISTERED and all(_has_op(name) for name in SWIGLU_OPS)
 if SWIGLU_REGISTERED:
     _register_swiglu()
+# The activation family and the scaled GEMM (issue 4); without them expert_ffn.py runs the
+# references.
+ACT_REGISTERED = REGISTERED and all(_has_op(name) for name in ACT_OPS)
+if ACT_REGISTERED:
+    _register_act()

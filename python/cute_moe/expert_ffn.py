@@ -5,25 +5,41 @@
 # activation there instead of keeping it. The autograd spans both calls, so it lives in
 # two autograd.Functions here rather than on the ops. Ops the library lacks are replaced
 # by the references, under the same autograd.
+# Fused MoE expert FFN (design.md 2-3). The up projection runs the GEMM, the per-expert
+# scale, the bias and the activation in one grouped GEMM and also returns the
+# pre-activations; the down projection, handed those, runs the activation's backward
+# (and the router-probability gradient) inside its input-gradient GEMM and recomputes
+# the activation there instead of keeping it. expert_ffn is the general API; the seed's
+# grouped_mm_swiglu / grouped_mm_downproj are thin wrappers of the same two autograd
+# Functions. Ops the library lacks are replaced by the references, under the same
+# autograd.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
 from . import _ops
-from ._checks import (check_grouped_mm_args, check_grouped_mm_swiglu_args, check_pre_args,
-                      check_swiglu_params)
+from ._checks import (check_activation, check_grouped_mm_args, check_grouped_mm_swiglu_args,
+                      check_pre_args, check_scales, check_swiglu_params)
 from .functional import grouped_mm
-from .reference import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_swiglu_bwd_ref,
-                        grouped_mm_swiglu_ref, grouped_mm_wgrad_ref, swiglu_oai_bwd_ref,
-                        swiglu_oai_ref)
+from .reference import (GATED_ACTIVATIONS, act_bwd_ref, act_ref, default_limit,
+                        grouped_bias_grad_ref, grouped_mm_act_bwd_ref, grouped_mm_act_ref,
+                        grouped_mm_ref, grouped_mm_scaled_ref, grouped_mm_wgrad_ref)
 
-__all__ = ["grouped_mm_swiglu", "grouped_mm_downproj"]
+__all__ = ["expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj"]
 
 _UP_NAMES = {"w": "W_up", "alpha": "swiglu_alpha", "limit": "swiglu_limit"}
 _DOWN_NAMES = {"x": "swiglu_out", "w": "W_down", "alpha": "swiglu_alpha",
                "limit": "swiglu_limit"}
+
+
+class _Act(NamedTuple):
+    """An activation with its parameters (alpha: swiglu_oai's sigmoid scale)."""
+    name: str
+    alpha: float
+    limit: float | None
 
 
 def _mm(a, w, offs, bias=None):
@@ -32,110 +48,254 @@ def _mm(a, w, offs, bias=None):
     return grouped_mm_ref(a, w, offs, bias)
 
 
-def _swiglu_fwd(x, w, offs, bias, alpha, limit):
-    if _ops.SWIGLU_REGISTERED:
-        return torch.ops.cute_moe.grouped_mm_swiglu(x, w, offs, bias, alpha, limit)
-    return grouped_mm_swiglu_ref(x, w, offs, bias, alpha, limit)
+def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
+    """prob[r] * (scale[e] * (a @ w[e]) + bias[e]), no autograd."""
+    if scale is None and prob is None:
+        return _mm(a, w, offs, bias)
+    if _ops.ACT_REGISTERED:
+        return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias, scale, prob)
+    return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
 
 
-def _swiglu_bwd(dy, w, offs, pre, alpha, limit):
-    if _ops.SWIGLU_REGISTERED:
-        return torch.ops.cute_moe.grouped_mm_swiglu_bwd(dy, w, offs, pre, alpha, limit)
-    return grouped_mm_swiglu_bwd_ref(dy, w, offs, pre, alpha, limit)
+def _act_fwd(x, w, offs, bias, scale, act: _Act):
+    """(h, pre) of the fused up projection."""
+    if _ops.ACT_REGISTERED:
+        return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
+                                                 act.limit)
+    if act.name == "swiglu_oai" and scale is None and _ops.SWIGLU_REGISTERED:
+        return torch.ops.cute_moe.grouped_mm_swiglu(x, w, offs, bias, act.alpha, act.limit)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, act.name, act.alpha, act.limit)
 
 
-def _param_grads(a, dy, offs, w_transposed, w_dtype, need_w, bias_dtype):
-    """Gradients of w and bias in y[rows_e] = a[rows_e] @ w[e] + bias[e]: dw with the
-    weight's layout (the transposed view of an (E, N, K) gradient for a transposed
-    weight), db in bias_dtype, or None where not needed (bias_dtype None)."""
-    need_b = bias_dtype is not None
-    dw = db = None
+def _act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act: _Act):
+    """(dpre, prob * h, dprob) of the fused down-projection input gradient."""
+    if _ops.ACT_REGISTERED:
+        return torch.ops.cute_moe.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias,
+                                                     prob_grad, act.name, act.alpha, act.limit)
+    return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act.name,
+                                  act.alpha, act.limit)
+
+
+def _column_sum(src, offs, row_scale=None):
+    if _ops.REGISTERED and (row_scale is None or _ops.ACT_REGISTERED):
+        return torch.ops.cute_moe.grouped_column_sum(src, offs, row_scale) if row_scale is not None \
+            else torch.ops.cute_moe.grouped_column_sum(src, offs)
+    return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _wgrad(a, dy, offs, w, out_dtype):
+    """a[rows_e]^T @ dy[rows_e] in w's layout (the transposed view of an (E, N, K) result
+    for a transposed weight)."""
+    transposed = w.stride(2) != 1
     if _ops.REGISTERED:
-        ops = torch.ops.cute_moe
-        if need_w and not w_transposed:
-            dw, db = ops.grouped_mm_wgrad(a, dy, offs, w_dtype, need_b)
+        if transposed:
+            return torch.ops.cute_moe.grouped_mm_wgrad(dy, a, offs, out_dtype)[0].transpose(-2, -1)
+        return torch.ops.cute_moe.grouped_mm_wgrad(a, dy, offs, out_dtype)[0]
+    if transposed:
+        return grouped_mm_wgrad_ref(dy, a, offs, out_dtype).transpose(-2, -1)
+    return grouped_mm_wgrad_ref(a, dy, offs, out_dtype)
+
+
+def _param_grads(a, dy, offs, w, need_w, bias_dtype, scale=None, need_scale=False,
+                 row_scale=None):
+    """Gradients of w, bias and scale in y[r] = row_scale[r] * (scale[e] * (a[r] @ w[e]) +
+    bias[e]) when `a` already carries row_scale (a = row_scale * h): dw with the weight's
+    layout, db (in bias_dtype; None when bias_dtype is None) = sum row_scale * dy, dscale
+    = <w[e], a^T dy>. None where not needed."""
+    need_b = bias_dtype is not None
+    dw = db = dscale = None
+    if scale is None:
+        if need_w and need_b and row_scale is None and _ops.REGISTERED and w.stride(2) == 1:
+            dw, db = torch.ops.cute_moe.grouped_mm_wgrad(a, dy, offs, w.dtype, True)
         elif need_w:
-            dw = ops.grouped_mm_wgrad(dy, a, offs, w_dtype)[0].transpose(-2, -1)
-        if need_b and (w_transposed or not need_w):
-            db = ops.grouped_column_sum(dy, offs)
-    else:
-        if need_w and not w_transposed:
-            dw = grouped_mm_wgrad_ref(a, dy, offs, w_dtype)
-        elif need_w:
-            dw = grouped_mm_wgrad_ref(dy, a, offs, w_dtype).transpose(-2, -1)
-        if need_b:
-            db = grouped_bias_grad_ref(dy, offs)
-    return dw, db.to(bias_dtype) if need_b else None
+            dw = _wgrad(a, dy, offs, w, w.dtype)
+    elif need_w or need_scale:
+        g = _wgrad(a, dy, offs, w, torch.float32)  # unscaled, so dscale needs no division
+        if need_w:
+            dw = (g * scale[:, None, None]).to(w.dtype)
+        if need_scale:
+            dscale = (g * w.to(torch.float32)).sum((1, 2)).to(scale.dtype)
+    if need_b and db is None:
+        db = _column_sum(dy, offs, row_scale)
+    return dw, (db.to(bias_dtype) if need_b else None), dscale
 
 
 class _UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up) -> (h, pre). Backward takes the gradient of pre (from
-    _DownProj) and, when h also feeds something else, adds the SwiGLU backward of h's
-    gradient computed from pre, recomputed."""
+    """(x, W_up, offs, b_up, scale_up) -> (h, pre). Backward takes the gradient of pre
+    (from _DownProj) and, when h also feeds something else, adds the activation's backward
+    of h's gradient computed from pre, recomputed."""
 
     @staticmethod
-    def forward(ctx, x, w, offs, bias, alpha, limit):
-        h, pre = _swiglu_fwd(x, w, offs, bias, alpha, limit)
+    def forward(ctx, x, w, offs, bias, scale, act):
+        h, pre = _act_fwd(x, w, offs, bias, scale, act)
         ctx.set_materialize_grads(False)
-        ctx.alpha, ctx.limit = alpha, limit
-        ctx.w_transposed = w.stride(2) != 1
-        ctx.w_dtype = w.dtype
+        ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
         # pre is NOT kept here: in the fused route _DownProj keeps it and frees it after its
         # backward, before this backward allocates dW_up (1 GiB less at the peak for
         # GPT-OSS-20B). The unfused route recomputes it (x, W_up, bias are inputs: saving
         # them costs nothing).
-        ctx.save_for_backward(x, w, offs, bias)
+        ctx.save_for_backward(x, w, offs, bias, scale)
         return h, pre
 
     @staticmethod
     def backward(ctx, grad_h, grad_pre):
-        x, w, offs, bias = ctx.saved_tensors
+        x, w, offs, bias, scale = ctx.saved_tensors
+        act = ctx.act
         dpre = grad_pre
-        if grad_h is not None:  # swiglu_out took gradient outside the fused route
-            pre = _swiglu_fwd(x, w, offs, bias, ctx.alpha, ctx.limit)[1]  # same bits as the forward's
-            d = swiglu_oai_bwd_ref(grad_h, pre, ctx.alpha, ctx.limit)
+        if grad_h is not None:  # h took gradient outside the fused route
+            pre = _act_fwd(x, w, offs, bias, scale, act)[1]  # same bits as the forward's
+            d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
             return (None,) * 6
         dpre = dpre.contiguous()
-        need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
-        dx = _mm(dpre, w.transpose(-2, -1), offs) if need_x else None
-        dw, db = _param_grads(x, dpre, offs, ctx.w_transposed, ctx.w_dtype, need_w,
-                              ctx.bias_dtype if need_b else None)
-        return dx, dw, None, db, None, None
+        need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
+        dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
+        dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
+                                      ctx.bias_dtype if need_b else None, scale, need_scale)
+        return dx, dw, None, db, dscale, None
 
 
 class _DownProj(torch.autograd.Function):
-    """(h, W_down, offs, b_down, pre) -> out = h @ W_down[e] + b_down[e]. Keeps pre, not
-    h: backward gets (dpre, h) from one fused GEMM and returns dpre as pre's gradient and
-    none for h (the gradient h would get reaches the same leaves through pre)."""
+    """(h, W_down, offs, b_down, pre, prob, scale_down) -> out = prob[r] * (scale_down[e] *
+    (h @ W_down[e]) + b_down[e]). Keeps pre, not h: backward gets (dpre, prob * h, dprob)
+    from one fused GEMM and returns dpre as pre's gradient and none for h (the gradient h
+    would get reaches the same leaves through pre)."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, bias, pre, alpha, limit):
-        out = _mm(h, w, offs, bias)
-        need_w, need_pre = ctx.needs_input_grad[1], ctx.needs_input_grad[4]
-        ctx.alpha, ctx.limit = alpha, limit
-        ctx.w_transposed = w.stride(2) != 1
-        ctx.w_dtype = w.dtype
+    def forward(ctx, h, w, offs, bias, pre, prob, scale, act):
+        out = _scaled_mm(h, w, offs, bias, scale, prob)
+        _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
+        ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.save_for_backward(pre if need_w or need_pre else None, w if need_pre else None,
-                              offs)
+        keep_pre = need_w or need_pre or need_prob or need_scale or (need_b and prob is not None)
+        ctx.save_for_backward(pre if keep_pre else None, w, offs, bias if need_prob else None,
+                              prob, scale)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        pre, w, offs = ctx.saved_tensors
-        _, need_w, _, need_b, need_pre = ctx.needs_input_grad[:5]
+        pre, w, offs, bias, prob, scale = ctx.saved_tensors
+        _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
+        act = ctx.act
         dy = dy.contiguous()
-        dpre = h = None
-        if need_pre:
-            dpre, h = _swiglu_bwd(dy, w.transpose(-2, -1), offs, pre, ctx.alpha, ctx.limit)
-        elif need_w:
-            h = swiglu_oai_ref(pre, ctx.alpha, ctx.limit).to(pre.dtype)
-        dw, db = _param_grads(h, dy, offs, ctx.w_transposed, ctx.w_dtype, need_w,
-                              ctx.bias_dtype if need_b else None)
-        return None, dw, None, db, dpre, None, None
+        dpre = hp = dprob = None
+        if need_pre or need_prob:
+            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, bias,
+                                       need_prob, act)
+            if not need_prob:
+                dprob = None
+        elif need_w or need_scale:
+            h = act_ref(pre, act.name, act.alpha, act.limit)
+            hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
+        dw, db, dscale = _param_grads(hp, dy, offs, w, need_w, ctx.bias_dtype if need_b else None,
+                                      scale, need_scale, row_scale=prob)
+        if not need_pre:
+            dpre = None
+        return None, dw, None, db, dpre, dprob, dscale, None
+
+
+class _ScaledMM(torch.autograd.Function):
+    """y = prob[r] * (scale[e] * (x @ w[e]) + bias[e]), unfused backward (the 'none'
+    activation's projections)."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, bias, scale, prob):
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.save_for_backward(x, w, offs, bias, scale, prob)
+        return _scaled_mm(x, w, offs, bias, scale, prob)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offs, bias, scale, prob = ctx.saved_tensors
+        need_x, need_w, _, need_b, need_scale, need_prob = ctx.needs_input_grad[:6]
+        dy = dy.contiguous()
+        dx = dprob = None
+        if need_prob:  # dprob = dy . (scale * x @ w + bias) = scale * x . (dy @ w^T) + dy . bias
+            from .reference import rows_to_groups
+            groups = rows_to_groups(offs, x.shape[0])
+            u = _mm(dy, w.transpose(-2, -1), offs).to(torch.float32)
+            s_row = torch.cat([scale, scale.new_ones(1)])[groups] if scale is not None else None
+            su = u * s_row[:, None] if s_row is not None else u
+            dprob = (su * x.to(torch.float32)).sum(-1)
+            if bias is not None:
+                b_row = torch.cat([bias, bias.new_zeros(1, bias.shape[1])])[groups]
+                dprob = dprob + (dy.to(torch.float32) * b_row.to(torch.float32)).sum(-1)
+            dprob = dprob.to(prob.dtype)
+            if need_x:
+                dx = (su * prob[:, None]).to(x.dtype)
+        elif need_x:
+            dx = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale, prob)
+        dz = dy if prob is None else (dy.to(torch.float32) * prob[:, None]).to(dy.dtype)
+        dw, db, dscale = _param_grads(x, dz, offs, w, need_w, ctx.bias_dtype if need_b else None,
+                                      scale, need_scale)
+        return dx, dw, None, db, dscale, dprob
+
+
+_DEFAULT = object()
+
+
+def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
+               b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, *,
+               activation: str = "swiglu", prob: torch.Tensor | None = None,
+               scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
+               swiglu_alpha: float = 1.702, limit=_DEFAULT) -> torch.Tensor:
+    """The expert block of an MoE layer on routed rows sorted by expert:
+        pre = scale_up[e] * (x[r] @ w_up[e]) + b_up[e]
+        h   = act(pre)
+        y   = prob[r] * (scale_down[e] * (h @ w_down[e]) + b_down[e])
+    in two fused grouped GEMMs (the down projection's backward runs the activation's
+    backward and computes prob's gradient in its epilogue; `h` is recomputed, not kept).
+
+    x: (M, H) bf16, rows sorted by expert. offs: (E,) int32 cumulative end offsets on x's
+       device (experts may be empty; rows past offs[-1] are padding and give zeros).
+    w_up: (E, H, 2I) bf16 with gate and linear columns interleaved (column 2j gate j, 2j+1
+       linear j; cute_moe.repack converts [gate | linear] halves) for the gated activations,
+       (E, H, I) for "srelu" and "none"; or a transposed view of (E, 2I, H) / (E, I, H).
+    w_down: (E, I, H) bf16, or a transposed view of (E, H, I).
+    b_up: (E, 2I) (interleaved) or (E, I); b_down: (E, H); bf16, optional.
+    activation: "swiglu_oai" (GPT-OSS: g*sigmoid(swiglu_alpha*g)*(u+1)), "swiglu"
+       (silu(g)*u), "geglu" (gelu_tanh(g)*u), "srelu" (relu(a)^2) or "none".
+    limit: clamp of the gated activations (g = min(a, limit), u = clamp(b, -limit,
+       limit)); default 7.0 for swiglu_oai, None (no clamp) otherwise.
+    prob: (M,) router probability of each routed row (float32; bf16 is converted).
+    scale_up, scale_down: (E,) float32 per-expert scalars on the GEMM results (the seed's
+       per-group alpha).
+    Returns y (M, H) bf16. Differentiable with respect to every tensor argument but offs.
+    """
+    op = "expert_ffn"
+    limit = default_limit(activation) if limit is _DEFAULT else limit
+    check_activation(activation, limit, op)
+    check_swiglu_params(swiglu_alpha, limit, op, {"alpha": "swiglu_alpha"})
+    gated = activation in GATED_ACTIVATIONS
+    check_grouped_mm_args(x, w_up, offs, b_up, op=op, names={"w": "w_up", "bias": "b_up"})
+    if gated and w_up.shape[2] % 2:
+        raise ValueError(f"cute_moe.{op}: w_up: expected an even w_up.shape[2] (2I interleaved "
+                         f"gate/linear columns for {activation!r}), got shape {tuple(w_up.shape)}")
+    inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
+    num_experts, hidden = w_up.shape[0], x.shape[1]
+    if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
+        raise ValueError(f"cute_moe.{op}: w_down: expected shape {(num_experts, inter, hidden)} "
+                         f"(E, I, H), got shape {tuple(w_down.shape)}")
+    check_grouped_mm_args(_h_like(x, inter), w_down, offs, b_down, op=op,
+                          names={"x": "h", "w": "w_down", "bias": "b_down"})
+    if prob is not None and isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
+        prob = prob.to(torch.float32)
+    check_scales(op, "prob", prob, x.shape[0], "one per row of x", "x", x)
+    check_scales(op, "scale_up", scale_up, num_experts, "one per expert", "x", x)
+    check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
+    act = _Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
+    if activation == "none":
+        h = _ScaledMM.apply(x, w_up, offs, b_up, scale_up, None)
+        return _ScaledMM.apply(h, w_down, offs, b_down, scale_down, prob)
+    h, pre = _UpProj.apply(x, w_up, offs, b_up, scale_up, act)
+    return _DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act)
+
+
+def _h_like(x, inter):
+    """A stand-in of h (M, I) for the shape checks (one row of memory: row stride 0)."""
+    return x.new_empty_strided((x.shape[0], inter), (0, 1))
 
 
 def _fused_pair(swiglu_out, aux, alpha, limit, op) -> bool:
@@ -147,8 +307,8 @@ def _fused_pair(swiglu_out, aux, alpha, limit, op) -> bool:
         return True
     node = aux.grad_fn
     if isinstance(node, _UpProj._backward_cls):
-        for name, value, used in (("swiglu_alpha", alpha, node.alpha),
-                                  ("swiglu_limit", limit, node.limit)):
+        for name, value, used in (("swiglu_alpha", alpha, node.act.alpha),
+                                  ("swiglu_limit", limit, node.act.limit)):
             if value != used:
                 raise ValueError(
                     f"cute_moe.{op}: {name}: expected {used}, the value grouped_mm_swiglu "
@@ -183,7 +343,8 @@ def grouped_mm_swiglu(x: torch.Tensor, W_up: torch.Tensor, offs: torch.Tensor,
     """
     check_grouped_mm_swiglu_args(x, W_up, offs, bias, swiglu_alpha, swiglu_limit,
                                  op="grouped_mm_swiglu", names=_UP_NAMES)
-    return _UpProj.apply(x, W_up, offs, bias, float(swiglu_alpha), _float(swiglu_limit))
+    act = _Act("swiglu_oai", float(swiglu_alpha), _float(swiglu_limit))
+    return _UpProj.apply(x, W_up, offs, bias, None, act)
 
 
 def grouped_mm_downproj(swiglu_out: torch.Tensor, W_down: torch.Tensor, offs: torch.Tensor,
@@ -224,4 +385,5 @@ def grouped_mm_downproj(swiglu_out: torch.Tensor, W_down: torch.Tensor, offs: to
                       "the grouped_mm_swiglu call that returned aux_biased_acc; running the "
                       "unfused backward", stacklevel=2)
         return grouped_mm(swiglu_out, W_down, offs, bias)
-    return _DownProj.apply(swiglu_out, W_down, offs, bias, aux_biased_acc, alpha, limit)
+    act = _Act("swiglu_oai", alpha, limit)
+    return _DownProj.apply(swiglu_out, W_down, offs, bias, aux_biased_acc, None, None, act)

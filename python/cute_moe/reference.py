@@ -21,8 +21,22 @@ __all__ = [
     "swiglu_oai_bwd_ref",
     "grouped_mm_swiglu_ref",
     "grouped_mm_swiglu_bwd_ref",
+    "ACTIVATIONS",
+    "GATED_ACTIVATIONS",
+    "default_limit",
+    "act_ref",
+    "act_bwd_ref",
+    "rows_to_groups",
+    "grouped_mm_scaled_ref",
+    "grouped_mm_act_ref",
+    "grouped_mm_act_bwd_ref",
     "expert_ffn_ref",
 ]
+
+# Every activation of an expert FFN (design.md 2); the gated ones read interleaved
+# (gate, linear) column pairs, so their up-projection is twice as wide as h.
+ACTIVATIONS = ("swiglu_oai", "swiglu", "geglu", "srelu", "none")
+GATED_ACTIVATIONS = ("swiglu_oai", "swiglu", "geglu")
 
 
 def offsets_from_counts(counts: Sequence[int] | torch.Tensor, device=None) -> torch.Tensor:
@@ -83,9 +97,13 @@ def grouped_mm_wgrad_ref(x: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor,
 
 
 def grouped_bias_grad_ref(dy: torch.Tensor, offs: torch.Tensor,
-                          compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """db[e] = sum of dy over rows_e, shape (E, N), float32."""
+                          compute_dtype: torch.dtype = torch.float32,
+                          row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """db[e] = sum over rows_e of row_scale[r] * dy[r] (row_scale optional), shape (E, N),
+    float32."""
     dyc = dy.to(compute_dtype)
+    if row_scale is not None:
+        dyc = dyc * row_scale.to(compute_dtype)[:, None]
     db = [dyc[s:e].sum(0) for s, e in group_bounds(offs, dy.shape[0])]
     if not db:
         return dy.new_zeros(0, dy.shape[1], dtype=torch.float32)
@@ -166,6 +184,117 @@ def grouped_mm_swiglu_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Ten
     return _zero_padding(dpre, offs), _zero_padding(h, offs)
 
 
+def default_limit(activation: str):
+    """The clamp limit an activation has when none is given: 7.0 for swiglu_oai (GPT-OSS),
+    none otherwise."""
+    return 7.0 if activation == "swiglu_oai" else None
+
+
+def act_ref(pre: torch.Tensor, activation: str = "swiglu", alpha: float = 1.702,
+            limit: float | None = None) -> torch.Tensor:
+    """h = act(pre) (design.md 2) in float32 (float64 for a float64 input). Gated
+    activations take interleaved (gate a, linear b) columns (..., 2I) -> (..., I) with
+    g = min(a, limit), u = clamp(b, -limit, limit) when limit is set:
+    swiglu_oai g*sigmoid(alpha*g)*(u+1); swiglu silu(g)*u; geglu gelu_tanh(g)*u.
+    srelu relu(pre)^2 and none (identity) keep the width. Differentiable."""
+    p = pre.to(_math_dtype(pre))
+    if activation in GATED_ACTIVATIONS:
+        g, u = _gate_linear(p, limit)
+        if activation == "swiglu_oai":
+            return g * torch.sigmoid(alpha * g) * (u + 1)
+        if activation == "swiglu":
+            return torch.nn.functional.silu(g) * u
+        return torch.nn.functional.gelu(g, approximate="tanh") * u
+    if activation == "srelu":
+        return torch.relu(p) ** 2
+    if activation == "none":
+        return p
+    raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+
+
+def act_bwd_ref(dh: torch.Tensor, pre: torch.Tensor, activation: str = "swiglu",
+                alpha: float = 1.702, limit: float | None = None) -> torch.Tensor:
+    """The gradient of act_ref with respect to pre for an upstream gradient dh, by PyTorch
+    autograd of act_ref (so clamp masks are autograd's); float32 (float64 if an input is)."""
+    dtype = _math_dtype(dh, pre)
+    with torch.enable_grad():
+        p = pre.detach().to(dtype).requires_grad_()
+        (grad,) = torch.autograd.grad(act_ref(p, activation, alpha, limit), p, dh.detach().to(dtype))
+    return grad
+
+
+def rows_to_groups(offs: torch.Tensor, m: int) -> torch.Tensor:
+    """int64 (m,) group of every row; padding rows get E. Reads offs on the device, no
+    host sync (searchsorted)."""
+    rows = torch.arange(m, device=offs.device, dtype=offs.dtype)
+    return torch.searchsorted(offs, rows, right=True)
+
+
+def _per_row(values: torch.Tensor | None, offs: torch.Tensor, m: int, dtype) -> torch.Tensor | None:
+    """values[group(r)] for each row (padding rows 0)."""
+    if values is None:
+        return None
+    padded = torch.cat([values.to(dtype), values.new_zeros((1,) + values.shape[1:], dtype=dtype)])
+    return padded[rows_to_groups(offs, m)]
+
+
+def grouped_mm_scaled_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                          bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                          prob: torch.Tensor | None = None,
+                          compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """cute_moe::grouped_mm_scaled: y[r] = prob[r] * (scale[e] * (x[r] @ w[e]) + bias[e]),
+    rounded once to x's dtype; padding rows zero. Differentiable."""
+    m = x.shape[0]
+    y = grouped_mm_ref(x, w, offs, out_dtype=compute_dtype, compute_dtype=compute_dtype)
+    if scale is not None:
+        y = y * _per_row(scale, offs, m, compute_dtype)[:, None]
+    if bias is not None:
+        y = y + _per_row(bias, offs, m, compute_dtype)
+    if prob is not None:
+        y = y * prob.to(compute_dtype)[:, None]
+    return y.to(x.dtype)
+
+
+def grouped_mm_act_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                       bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                       activation: str = "swiglu", alpha: float = 1.702,
+                       limit: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cute_moe::grouped_mm_act: pre = round(scale[e] * (x[rows_e] @ w[e]) + bias[e]),
+    h = round(act(pre)) from the rounded pre; padding rows zero in both. Returns (h, pre)
+    in x's dtype. Differentiable."""
+    pre = grouped_mm_scaled_ref(x, w, offs, bias, scale)
+    return _zero_padding(act_ref(pre, activation, alpha, limit).to(x.dtype), offs), pre
+
+
+def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                           pre: torch.Tensor, scale: torch.Tensor | None = None,
+                           prob: torch.Tensor | None = None,
+                           out_bias: torch.Tensor | None = None, prob_grad: bool = False,
+                           activation: str = "swiglu", alpha: float = 1.702,
+                           limit: float | None = None):
+    """cute_moe::grouped_mm_act_bwd. With u = dy[rows_e] @ w[e] (float32, w = W_down[e]^T),
+    s = scale[e], p = prob[r] (1 where absent): dh = p * s * u, dpre = round(act'(pre) dh),
+    hp = round(p * act(pre)), and with prob_grad dprob = sum_j act(pre) * s * u + sum_n
+    dy * out_bias[e] (float32). Padding rows zero. Returns (dpre, hp, dprob) (dprob empty
+    without prob_grad)."""
+    m = dy.shape[0]
+    u = grouped_mm_ref(dy, w, offs, out_dtype=torch.float32)
+    if scale is not None:
+        u = u * _per_row(scale, offs, m, torch.float32)[:, None]
+    p = prob.to(torch.float32)[:, None] if prob is not None else None
+    dh = u * p if p is not None else u
+    dpre = act_bwd_ref(dh, pre, activation, alpha, limit).to(pre.dtype)
+    h = act_ref(pre, activation, alpha, limit).to(torch.float32)
+    hp = (h * p if p is not None else h).to(pre.dtype)
+    dprob = u.new_empty(0)
+    if prob_grad:
+        dprob = (h * u).sum(-1)
+        if out_bias is not None:
+            dprob = dprob + (dy.to(torch.float32) * _per_row(out_bias, offs, m, torch.float32)).sum(-1)
+        dprob = _zero_padding(dprob, offs)
+    return _zero_padding(dpre, offs), _zero_padding(hp, offs), dprob
+
+
 def _round_straight_through(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """t rounded to dtype and back in the forward pass; identity for the gradient."""
     if dtype is None:
@@ -178,15 +307,18 @@ def expert_ffn_ref(x: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor | Non
                    alpha: float = 1.702, limit: float | None = 7.0,
                    compute_dtype: torch.dtype = torch.float32,
                    round_dtype: torch.dtype | None = torch.bfloat16,
-                   return_activation: bool = False):
-    """One MoE expert block written like HF transformers' GPT-OSS experts, group by group:
-    gate_up = x @ W_up[e] + b_up[e]; gate = gate_up[..., ::2].clamp(max=limit);
-    up = gate_up[..., 1::2].clamp(-limit, limit); glu = gate * sigmoid(gate * alpha);
-    out = ((up + 1) * glu) @ W_down[e] + b_down[e]. Computed in compute_dtype; gate_up
-    and the activation are rounded to round_dtype in the forward pass only (as the
+                   return_activation: bool = False, *, activation: str = "swiglu_oai",
+                   prob: torch.Tensor | None = None, scale_up: torch.Tensor | None = None,
+                   scale_down: torch.Tensor | None = None):
+    """One MoE expert block, group by group, written like HF transformers' experts:
+    pre = scale_up[e] * (x @ W_up[e]) + b_up[e]; h = act(pre) (act_ref: for swiglu_oai
+    gate = pre[..., ::2].clamp(max=limit), up = pre[..., 1::2].clamp(-limit, limit),
+    h = (up + 1) * gate * sigmoid(gate * alpha)); out = prob[r] * (scale_down[e] *
+    (h @ W_down[e]) + b_down[e]). Every optional tensor may be None. Computed in
+    compute_dtype; pre and h are rounded to round_dtype in the forward pass only (as the
     kernels store them), which keeps the clamp masks where the kernels have them.
     Returns out (M, H) in compute_dtype, padding rows zero, and with return_activation
-    also the activation (M, I). Differentiable."""
+    also h. Differentiable with respect to every tensor."""
     m, inter, hidden = x.shape[0], w_down.shape[-2], w_down.shape[-1]
     xc, wu, wd = x.to(compute_dtype), w_up.to(compute_dtype), w_down.to(compute_dtype)
     bu = b_up.to(compute_dtype) if b_up is not None else None
@@ -194,19 +326,23 @@ def expert_ffn_ref(x: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor | Non
     pieces, acts = [], []
     bounds = group_bounds(offs, m)
     for e, (start, end) in enumerate(bounds):
-        gate_up = xc[start:end] @ wu[e]
+        pre = xc[start:end] @ wu[e]
+        if scale_up is not None:
+            pre = pre * scale_up[e].to(compute_dtype)
         if bu is not None:
-            gate_up = gate_up + bu[e]
-        gate_up = _round_straight_through(gate_up, round_dtype)
-        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-        if limit is not None:
-            gate = gate.clamp(min=None, max=limit)
-            up = up.clamp(min=-limit, max=limit)
-        glu = gate * torch.sigmoid(gate * alpha)
-        act = _round_straight_through((up + 1) * glu, round_dtype)
+            pre = pre + bu[e]
+        pre = _round_straight_through(pre, round_dtype)
+        act = _round_straight_through(act_ref(pre, activation, alpha, limit).to(compute_dtype),
+                                      round_dtype)
         acts.append(act)
         out = act @ wd[e]
-        pieces.append(out + bd[e] if bd is not None else out)
+        if scale_down is not None:
+            out = out * scale_down[e].to(compute_dtype)
+        if bd is not None:
+            out = out + bd[e]
+        if prob is not None:
+            out = out * prob[start:end, None].to(compute_dtype)
+        pieces.append(out)
     pad = m - (bounds[-1][1] if bounds else 0)
     out = torch.cat(pieces + [xc.new_zeros(pad, hidden)])
     if return_activation:

@@ -1,11 +1,13 @@
-// Gated activations of an expert FFN, as functors shared by the fused epilogues (device)
-// and the C++ tests (host).
+// Activations of an expert FFN, as functors shared by the fused epilogues (device) and
+// the C++ tests (host). design.md section 2 defines them.
 //
-// A gated activation maps a (gate a, linear b) pair of the up-projection output to one
-// value h, and in backward maps (a, b, dh) to (da, db) and h again. Derivatives follow
-// PyTorch autograd of the reference exactly, clamp masks included (clamp passes the
-// gradient where the input lies inside the closed interval; NaN propagates like
-// torch.clamp). Adding an activation is adding a functor here.
+// Gated activations (kGated) map a (gate a, linear b) pair of the up-projection output to
+// one value h = f(g) * (u + offset), with g = min(a, L) and u = clamp(b, -L, L) when a
+// limit L is set; in backward they map (a, b, dh) to (da, db) and h again. The
+// non-gated ones map one value to one value. Derivatives follow PyTorch autograd of the
+// reference exactly, clamp masks included (clamp passes the gradient where the input
+// lies inside the closed interval). Adding an activation is adding a functor here and a
+// row per kernel in kernel_table.h; the epilogues are generic over the functor.
 #pragma once
 
 #include <cmath>
@@ -14,10 +16,10 @@
 
 namespace cute_moe::detail {
 
-// Runtime parameters of the gated activations (unused fields are ignored).
+// Runtime parameters of the activations (unused fields are ignored).
 struct GluParams {
-  float alpha = 1.702f;  // swiglu_oai: sigmoid scale
-  float limit = 7.0f;    // swiglu_oai: clamp limit
+  float alpha = 1.702f;   // swiglu_oai: sigmoid scale
+  float limit = 7.0f;     // gated activations: clamp limit
   bool has_limit = true;  // false: no clamping
 };
 
@@ -29,25 +31,90 @@ CUTE_MOE_HOST_DEVICE float sigmoid(float x) {
 #endif
 }
 
-// GPT-OSS: g = min(a, L), u = clamp(b, -L, L), h = g * sigmoid(alpha * g) * (u + 1).
-struct SwigluOai {
+CUTE_MOE_HOST_DEVICE float tanh_fast(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));  // max rel. error 2^-11: below bf16's
+  return y;
+#else
+  return std::tanh(x);
+#endif
+}
+
+// Gate functions f(g) of the gated activations, with their derivative f'(g).
+struct SiluAlphaGate {  // g * sigmoid(alpha * g) (GPT-OSS)
+  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams& p, float* deriv) {
+    const float s = sigmoid(p.alpha * g);
+    if (deriv != nullptr) *deriv = s + p.alpha * g * s * (1.0f - s);
+    return g * s;
+  }
+};
+
+struct SiluGate {  // g * sigmoid(g)
+  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams&, float* deriv) {
+    const float s = sigmoid(g);
+    if (deriv != nullptr) *deriv = s + g * s * (1.0f - s);
+    return g * s;
+  }
+};
+
+struct GeluTanhGate {  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (torch's approximate="tanh")
+  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams&, float* deriv) {
+    constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    const float t = tanh_fast(kBeta * g * (1.0f + kKappa * g * g));
+    if (deriv != nullptr) {
+      *deriv = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * g * g);
+    }
+    return 0.5f * g * (1.0f + t);
+  }
+};
+
+// h = f(min(a, L)) * (clamp(b, -L, L) + kLinearOffset)
+template <class Gate, int kLinearOffset>
+struct GatedUnit {
+  static constexpr bool kGated = true;
+
+  CUTE_MOE_HOST_DEVICE static float clamp_gate(float a, const GluParams& p) {
+    return p.has_limit && a > p.limit ? p.limit : a;
+  }
+  CUTE_MOE_HOST_DEVICE static float clamp_linear(float b, const GluParams& p) {
+    return !p.has_limit ? b : (b < -p.limit ? -p.limit : (b > p.limit ? p.limit : b));
+  }
+
   CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const GluParams& p) {
-    const float g = p.has_limit && a > p.limit ? p.limit : a;
-    const float u = !p.has_limit ? b : (b < -p.limit ? -p.limit : (b > p.limit ? p.limit : b));
-    return g * sigmoid(p.alpha * g) * (u + 1.0f);
+    return Gate::value(clamp_gate(a, p), p, nullptr) * (clamp_linear(b, p) + float(kLinearOffset));
   }
 
   // Returns h; writes dh * dh/da and dh * dh/db.
   CUTE_MOE_HOST_DEVICE static float backward(float a, float b, float dh, const GluParams& p, float& da, float& db) {
     const bool a_in = !p.has_limit || a <= p.limit;
     const bool b_in = !p.has_limit || (b >= -p.limit && b <= p.limit);
-    const float g = p.has_limit && a > p.limit ? p.limit : a;  // the forward's clamps
-    const float u = !p.has_limit ? b : (b < -p.limit ? -p.limit : (b > p.limit ? p.limit : b));
-    const float s = sigmoid(p.alpha * g);
-    const float gs = g * s;
-    da = a_in ? dh * (u + 1.0f) * (s + p.alpha * gs * (1.0f - s)) : 0.0f;
-    db = b_in ? dh * gs : 0.0f;
-    return gs * (u + 1.0f);
+    float df;
+    const float f = Gate::value(clamp_gate(a, p), p, &df);
+    const float v = clamp_linear(b, p) + float(kLinearOffset);
+    da = a_in ? dh * v * df : 0.0f;
+    db = b_in ? dh * f : 0.0f;
+    return f * v;
+  }
+};
+
+using SwigluOai = GatedUnit<SiluAlphaGate, 1>;  // GPT-OSS
+using Swiglu = GatedUnit<SiluGate, 0>;          // Llama, Qwen, DeepSeek, Mixtral
+using Geglu = GatedUnit<GeluTanhGate, 0>;
+
+// h = relu(a)^2, not gated.
+struct SquaredRelu {
+  static constexpr bool kGated = false;
+  CUTE_MOE_HOST_DEVICE static float forward(float a, const GluParams&) {
+    const float r = a > 0.0f ? a : 0.0f;
+    return r * r;
+  }
+  // Returns h; writes dh * dh/da.
+  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const GluParams&, float& da) {
+    const float r = a > 0.0f ? a : 0.0f;
+    da = dh * 2.0f * r;
+    return r * r;
   }
 };
 

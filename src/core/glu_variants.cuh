@@ -1,6 +1,6 @@
-// The fused gated-activation kernel variants of kernel_table.h (GluFwd_*, GluBwd_*): their
-// epilogue trees and operand traits. Only the GLU translation units include this, so
-// changes here do not recompile the plain GEMMs.
+// The fused activation kernel variants of kernel_table.h (GluFwd_*, GluBwd_*): their
+// epilogue trees and operand traits, one kernel per activation. Only the GLU translation
+// units include this, so changes here do not recompile the plain GEMMs.
 #pragma once
 
 #include "kernel_instance.cuh"
@@ -8,35 +8,52 @@
 
 namespace cute_moe::detail {
 
-// D = pre = acc + bias[group]; aux = h = act(pre)
+template <Act A> struct ActFunctor;
+template <> struct ActFunctor<Act::SwigluOai> { using type = SwigluOai; };
+template <> struct ActFunctor<Act::Swiglu> { using type = Swiglu; };
+template <> struct ActFunctor<Act::Geglu> { using type = Geglu; };
+template <> struct ActFunctor<Act::Srelu> { using type = SquaredRelu; };
+
+// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre)
+template <class Activation>
 struct GluForwardEpilogue {
   using ElementC = void;
   template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluForwardAux<SwigluOai>, BiasTree<TileShape, float>>;
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluForwardAux<Activation>, ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {{{}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}}, {}},
-            {g.aux, g.ldaux, ctx.glu}};
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {g.aux, g.ldaux, ctx.glu}};
   }
 };
 
-// C = pre as packed (gate, linear) words; D = dpre = dact(acc, pre) packed the same way;
-// aux = h = act(pre)
+// C = pre (gated: packed (gate, linear) words); D = dpre = act'(pre) * row_scale * scale
+// * acc, packed like pre; aux = row_scale * act(pre); row-scale-gradient partials
+template <class Activation>
 struct GluBackwardEpilogue {
-  using ElementC = uint32_t;
+  using ElementC = std::conditional_t<Activation::kGated, uint32_t, cutlass::bfloat16_t>;
   template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluBackward<SwigluOai>, cutlass::epilogue::fusion::Sm90AccFetch,
-                                                  cutlass::epilogue::fusion::Sm90SrcFetch<uint32_t>>;
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90GluBackward<Activation>, cutlass::epilogue::fusion::Sm90AccFetch,
+                                                  cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>,
+                                                  RowScaleCol<TileShape>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {{}, {}, {g.aux, g.ldaux, ctx.glu}};
+    return {{},
+            {},
+            {reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
+            {g.aux, g.ldaux, ctx.glu, g.group_scale, g.row_partial, g.row_partial_stride}};
   }
 };
 
-template <> struct VariantTraits<KernelVariant::GluFwd_BRow> : Traits<RowMajor, RowMajor, bf16, GluForwardEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluFwd_BCol> : Traits<RowMajor, ColMajor, bf16, GluForwardEpilogue> {};
-// (the backward's D is dpre as 32-bit (dgate, dlinear) words)
-template <> struct VariantTraits<KernelVariant::GluBwd_BRow> : Traits<RowMajor, RowMajor, uint32_t, GluBackwardEpilogue> {};
-template <> struct VariantTraits<KernelVariant::GluBwd_BCol> : Traits<RowMajor, ColMajor, uint32_t, GluBackwardEpilogue> {};
+template <Act A>
+using GluBwdOut = std::conditional_t<ActFunctor<A>::type::kGated, uint32_t, bf16>;  // dpre's D element
+
+template <Act A> struct VariantTraits<KernelVariant::GluFwd_BRow, A>
+    : Traits<RowMajor, RowMajor, bf16, GluForwardEpilogue<typename ActFunctor<A>::type>> {};
+template <Act A> struct VariantTraits<KernelVariant::GluFwd_BCol, A>
+    : Traits<RowMajor, ColMajor, bf16, GluForwardEpilogue<typename ActFunctor<A>::type>> {};
+template <Act A> struct VariantTraits<KernelVariant::GluBwd_BRow, A>
+    : Traits<RowMajor, RowMajor, GluBwdOut<A>, GluBackwardEpilogue<typename ActFunctor<A>::type>> {};
+template <Act A> struct VariantTraits<KernelVariant::GluBwd_BCol, A>
+    : Traits<RowMajor, ColMajor, GluBwdOut<A>, GluBackwardEpilogue<typename ActFunctor<A>::type>> {};
 
 }  // namespace cute_moe::detail

@@ -15,23 +15,13 @@ __device__ __forceinline__ int64_t rows_in_use(const int32_t* offs, int32_t num_
   return used < 0 ? 0 : (used > m ? m : used);
 }
 
-// Smallest g with offs[g] > row, or num_groups.
-__device__ __forceinline__ int32_t group_of_row(const int32_t* offs, int32_t num_groups, int64_t row) {
-  int32_t lo = 0, hi = num_groups;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (offs[mid] > row) hi = mid; else lo = mid + 1;
-  }
-  return lo;
-}
-
-__device__ __forceinline__ void add_bf16x8(float acc[8], uint4 v) {
+__device__ __forceinline__ void add_bf16x8(float acc[8], uint4 v, float scale) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += f.x;
-    acc[2 * i + 1] += f.y;
+    acc[2 * i] += scale * f.x;  // scale 1 without row scales: exact
+    acc[2 * i + 1] += scale * f.y;
   }
 }
 
@@ -42,7 +32,8 @@ __device__ __forceinline__ void store_f32x8(float* dst, const float acc[8]) {
 
 // Pass 1: one block per (row chunk, 8*kThreads columns).
 __global__ void column_sum_partials_kernel(const __nv_bfloat16* src, int64_t m, int64_t n, int64_t ld,
-                                           const int32_t* offs, int32_t num_groups, float* partial) {
+                                           const float* row_scale, const int32_t* offs, int32_t num_groups,
+                                           float* partial) {
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (col >= n) return;
   const int64_t chunk = blockIdx.x;
@@ -53,7 +44,9 @@ __global__ void column_sum_partials_kernel(const __nv_bfloat16* src, int64_t m, 
     if (seg_end <= r) continue;  // empty group: no slot
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll 4
-    for (; r < seg_end; ++r) add_bf16x8(acc, *reinterpret_cast<const uint4*>(src + r * ld + col));
+    for (; r < seg_end; ++r) {
+      add_bf16x8(acc, *reinterpret_cast<const uint4*>(src + r * ld + col), row_scale != nullptr ? row_scale[r] : 1.0f);
+    }
     store_f32x8(partial + column_sum_slot(chunk, g) * n + col, acc);
   }
 }
@@ -82,13 +75,14 @@ __global__ void column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* of
 
 }  // namespace
 
-cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const int32_t* offs,
-                                   int32_t num_groups, float* out, float* workspace, cudaStream_t stream) {
+cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const float* row_scale,
+                                   const int32_t* offs, int32_t num_groups, float* out, float* workspace,
+                                   cudaStream_t stream) {
   const unsigned col_blocks = static_cast<unsigned>((n / 8 + kThreads - 1) / kThreads);
   const int64_t chunks = column_sum_chunks(m);
   if (chunks > 0) {
     column_sum_partials_kernel<<<dim3(static_cast<unsigned>(chunks), col_blocks), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(src), m, n, ld, offs, num_groups, workspace);
+        static_cast<const __nv_bfloat16*>(src), m, n, ld, row_scale, offs, num_groups, workspace);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -30,8 +30,10 @@ inline size_t column_sum_workspace_bytes(int64_t m, int64_t n, int32_t num_group
   return static_cast<size_t>(column_sum_chunks(m) + num_groups) * static_cast<size_t>(n) * sizeof(float);
 }
 
-// out[g, :] = sum over rows r of group g of src[r, :] (bf16 src with row pitch ld, n % 8 == 0).
-cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const int32_t* offs,
-                                   int32_t num_groups, float* out, float* workspace, cudaStream_t stream);
+// out[g, :] = sum over rows r of group g of row_scale[r] * src[r, :] (bf16 src with row
+// pitch ld, n % 8 == 0; row_scale optional, 1).
+cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const float* row_scale,
+                                   const int32_t* offs, int32_t num_groups, float* out, float* workspace,
+                                   cudaStream_t stream);
 
 }  // namespace cute_moe::detail

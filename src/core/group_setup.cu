@@ -61,6 +61,8 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupA
         g.aux[e] = static_cast<char*>(x.aux) + r.begin * x.ldaux * kElem;
         g.ldaux[e] = x.ldaux;
       }
+      if (g.row_scale != nullptr) g.row_scale[e] = a.row_scale + r.begin;
+      if (g.row_partial != nullptr) g.row_partial[e] = x.row_partial + r.begin;
     }
   }
   // Padding rows [offs[E-1], m) belong to no group: the GEMM skips them, we zero them.
@@ -107,7 +109,7 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 size_t group_arrays_bytes(int32_t num_groups) {
   const size_t e = static_cast<size_t>(num_groups);
-  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 11 * align_up(8 * e, kArrayAlign);
+  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 13 * align_up(8 * e, kArrayAlign);
 }
 
 GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
@@ -132,6 +134,8 @@ GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
   g.ldc = reinterpret_cast<int64_t*>(take(8 * e));
   g.aux = reinterpret_cast<void**>(take(8 * e));
   g.ldaux = reinterpret_cast<int64_t*>(take(8 * e));
+  g.row_scale = reinterpret_cast<const float**>(take(8 * e));
+  g.row_partial = reinterpret_cast<float**>(take(8 * e));
   return g;
 }
 

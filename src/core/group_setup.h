@@ -30,6 +30,16 @@ CUTE_MOE_HOST_DEVICE GroupRows group_rows(const int32_t* offs, int32_t e) {
   return {e == 0 ? 0 : static_cast<int64_t>(offs[e - 1]), static_cast<int64_t>(offs[e])};
 }
 
+// The group owning `row`: the smallest e with offs[e] > row, or num_groups for a padding row.
+CUTE_MOE_HOST_DEVICE int32_t group_of_row(const int32_t* offs, int32_t num_groups, int64_t row) {
+  int32_t lo = 0, hi = num_groups;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (offs[mid] > row) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
 // (M, N, K) of group e in ragged M: its rows times the shared (k x n) weight shape.
 CUTE_MOE_HOST_DEVICE void ragged_m_problem(GroupRows r, int64_t n, int64_t k, int32_t out[3]) {
   out[0] = static_cast<int32_t>(r.count());
@@ -56,6 +66,7 @@ struct RaggedMExtras {
   void* aux = nullptr;      // bf16 second output
   int64_t ldaux = 0;
   int64_t aux_cols = 0;     // its width, for zeroing padding rows
+  float* row_partial = nullptr;  // GLU backward: row-scale-gradient partials, (tiles, m) fp32
 };
 
 // Bytes of the per-group arrays for `num_groups` groups (each array 128-byte aligned).

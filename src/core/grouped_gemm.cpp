@@ -12,6 +12,7 @@
 #include "group_setup.h"
 #include "heuristics.h"
 #include "kernel_registry.h"
+#include "row_scale_grad.h"
 
 namespace cute_moe {
 
@@ -85,7 +86,7 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
   if (forced != nullptr && forced[0] != '\0') {
     std::string available;
     for (size_t i = 0; i < registry.size(); ++i) {
-      if (registry[i].config.variant != problem.variant) continue;
+      if (!detail::serves(registry[i].config, problem)) continue;
       if (registry[i].name == forced) index = static_cast<int>(i);
       available += (available.empty() ? "" : ", ") + registry[i].name;
     }
@@ -122,7 +123,7 @@ Result make_plan(const GroupedProblem& problem, const GemmOptions& opts, Plan* p
   }
   plan->swizzle = swizzle == 0 ? (raster == 0 ? choice.swizzle : 1) : swizzle;
   for (const auto& e : registry) {
-    if (e.config.variant == problem.variant) {
+    if (detail::serves(e.config, problem)) {
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
     }
   }
@@ -155,16 +156,40 @@ KernelVariant glu_variant(const RaggedMGemmArgs& g, bool forward) {
   return row ? KernelVariant::GluBwd_BRow : KernelVariant::GluBwd_BCol;
 }
 
+detail::Act act_of(GluActivation a) {
+  switch (a) {
+    case GluActivation::kSwigluOai: return detail::Act::SwigluOai;
+    case GluActivation::kSwiglu: return detail::Act::Swiglu;
+    case GluActivation::kGeglu: return detail::Act::Geglu;
+    case GluActivation::kSrelu: return detail::Act::Srelu;
+  }
+  return detail::Act::None;
+}
+
 GroupedProblem problem_of(const GluForwardArgs& a) {
   GroupedProblem p = problem_of(a.gemm);
   p.variant = glu_variant(a.gemm, true);
+  p.act = act_of(a.glu.activation);
   return p;
 }
 
 GroupedProblem problem_of(const GluBackwardArgs& a) {
   GroupedProblem p = problem_of(a.gemm);
   p.variant = glu_variant(a.gemm, false);
+  p.act = act_of(a.glu.activation);
   return p;
+}
+
+// Tile columns of the GLU backward's row-scale-gradient partials: at most n / (the
+// narrowest compiled tile), so the workspace does not depend on the choice.
+int64_t row_partial_tiles(const GroupedProblem& p, int tile_n) { return (p.n + tile_n - 1) / tile_n; }
+
+int narrowest_tile_n(const GroupedProblem& p) {
+  int narrowest = 1 << 30;
+  for (const auto& e : detail::kernel_registry()) {
+    if (detail::serves(e.config, p)) narrowest = std::min(narrowest, e.config.tile_n);
+  }
+  return narrowest;
 }
 
 detail::GluParams glu_params(const GluOptions& o) {
@@ -178,6 +203,11 @@ detail::GluParams glu_params(const GluOptions& o) {
 // Extra scratch beyond the GEMM's own: the bias-gradient column sums of ragged K.
 size_t scratch_bytes(const RaggedKGemmArgs& a) {
   return a.dbias != nullptr ? detail::column_sum_workspace_bytes(a.m, a.n, a.num_groups) : 0;
+}
+size_t scratch_bytes(const GluBackwardArgs& a) {
+  if (a.row_scale_grad == nullptr) return 0;
+  const GroupedProblem p = problem_of(a);
+  return static_cast<size_t>(row_partial_tiles(p, narrowest_tile_n(p))) * static_cast<size_t>(a.gemm.m) * sizeof(float);
 }
 template <typename Args>
 size_t scratch_bytes(const Args&) {
@@ -208,6 +238,10 @@ Result run_ragged_m(const RaggedMGemmArgs& args, const detail::RaggedMExtras& ex
                     const Plan& plan, void* workspace, cudaStream_t stream) {
   detail::GroupArrays groups = detail::carve_group_arrays(workspace, args.num_groups);
   if (args.bias == nullptr) groups.bias = nullptr;  // the epilogue adds zero
+  if (args.row_scale == nullptr) groups.row_scale = nullptr;  // the epilogue scales by 1
+  if (extras.row_partial == nullptr) groups.row_partial = nullptr;
+  groups.group_scale = args.group_scale;
+  groups.row_partial_stride = args.m;
   cudaError_t err = detail::launch_ragged_m_setup(args, extras, groups, plan.sm_count, stream);
   if (err != cudaSuccess) return cuda_error("ragged_m setup kernel", err);
   detail::LaunchContext ctx = launch_context(plan, workspace, stream);
@@ -272,7 +306,7 @@ Result glu_forward(const GluForwardArgs& args, void* workspace, size_t workspace
   detail::RaggedMExtras extras;
   extras.aux = args.h;
   extras.ldaux = args.ldh;
-  extras.aux_cols = args.gemm.n / 2;
+  extras.aux_cols = is_gated(args.glu.activation) ? args.gemm.n / 2 : args.gemm.n;
   return run_ragged_m(args.gemm, extras, glu_params(args.glu), plan, workspace, stream);
 }
 
@@ -283,20 +317,42 @@ Result glu_backward(const GluBackwardArgs& args, void* workspace, size_t workspa
   if (!r.ok() || args.gemm.m == 0) return r;
   r = check_workspace("glu_backward", plan, workspace, workspace_bytes);
   if (!r.ok()) return r;
-  // The kernel reads pre and writes dpre as (m, n) 32-bit (gate, linear) words through
-  // its TMA pipelines (C and D), and writes h as the aux output.
+  // The kernel reads pre and writes dpre through its TMA pipelines (C and D): gated, as
+  // (m, n) 32-bit (gate, linear) words; else as bf16. It writes h as the aux output.
+  const int64_t words = is_gated(args.glu.activation) ? 2 : 1;
   RaggedMGemmArgs gemm = args.gemm;
   gemm.y = args.dpre;
-  gemm.ldy = args.lddpre / 2;
+  gemm.ldy = args.lddpre / words;
   detail::RaggedMExtras extras;
-  extras.y_elem_bytes = 4;
+  extras.y_elem_bytes = 2 * words;
   extras.c = args.pre;
-  extras.ldc = args.ldpre / 2;
-  extras.c_elem_bytes = 4;
+  extras.ldc = args.ldpre / words;
+  extras.c_elem_bytes = 2 * words;
   extras.aux = args.gemm.y;
   extras.ldaux = args.gemm.ldy;
   extras.aux_cols = args.gemm.n;
-  return run_ragged_m(gemm, extras, glu_params(args.glu), plan, workspace, stream);
+  float* partial = nullptr;
+  if (args.row_scale_grad != nullptr) {
+    partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + align_up(plan.arrays_bytes) +
+                                       align_up(plan.cutlass_bytes));
+    extras.row_partial = partial;
+  }
+  r = run_ragged_m(gemm, extras, glu_params(args.glu), plan, workspace, stream);
+  if (!r.ok() || args.row_scale_grad == nullptr) return r;
+  detail::RowScaleGradArgs g;
+  g.partial = partial;
+  g.tiles = row_partial_tiles(problem_of(args), plan.kernel->config.tile_n);
+  g.m = args.gemm.m;
+  g.dy = args.gemm.x;
+  g.lddy = args.gemm.ldx;
+  g.n = args.gemm.k;
+  g.bias = args.out_bias;
+  g.bias_stride = args.out_bias_stride;
+  g.offs = args.gemm.offs;
+  g.num_groups = args.gemm.num_groups;
+  g.out = args.row_scale_grad;
+  cudaError_t err = detail::launch_row_scale_grad(g, stream);
+  return err == cudaSuccess ? Result::success() : cuda_error("glu_backward row-scale-gradient kernel", err);
 }
 
 Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
@@ -318,8 +374,8 @@ Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t worksp
   if (args.dbias != nullptr) {
     float* scratch = reinterpret_cast<float*>(static_cast<char*>(workspace) + align_up(plan.arrays_bytes) +
                                               align_up(plan.cutlass_bytes));
-    err = detail::launch_group_column_sum(args.dy, args.m, args.n, args.lddy, args.offs, args.num_groups, args.dbias,
-                                          scratch, stream);
+    err = detail::launch_group_column_sum(args.dy, args.m, args.n, args.lddy, nullptr, args.offs, args.num_groups,
+                                          args.dbias, scratch, stream);
     if (err != cudaSuccess) return cuda_error("ragged_k_gemm bias-gradient kernel", err);
   }
   return Result::success();
@@ -349,8 +405,8 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
                                                    "pointer to at least " + std::to_string(need) + " bytes, got " +
                                                    std::to_string(workspace_bytes));
   }
-  cudaError_t err = detail::launch_group_column_sum(args.src, args.m, args.n, args.ld, args.offs, args.num_groups,
-                                                    args.out, static_cast<float*>(workspace), stream);
+  cudaError_t err = detail::launch_group_column_sum(args.src, args.m, args.n, args.ld, args.row_scale, args.offs,
+                                                    args.num_groups, args.out, static_cast<float*>(workspace), stream);
   return err == cudaSuccess ? Result::success() : cuda_error("group_column_sum kernel", err);
 }
 

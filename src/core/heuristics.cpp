@@ -50,7 +50,7 @@ int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& c
   int best = -1;
   double best_cost = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < candidates.size(); ++i) {
-    if (candidates[i].variant != p.variant) continue;
+    if (!serves(candidates[i], p)) continue;
     const double cost = estimated_cost(p, candidates[i], sm_count);
     if (cost < best_cost) {  // strict: ties keep the earlier (table-order) row
       best_cost = cost;
@@ -72,7 +72,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
                                           : TileConfig{p.variant, 128, 256, 64, 2, 1, Schedule::Cooperative};
   for (size_t i = 0; i < candidates.size(); ++i) {
     const TileConfig& c = candidates[i];
-    if (c.variant == want.variant && c.tile_m == want.tile_m && c.tile_n == want.tile_n && c.tile_k == want.tile_k &&
+    if (serves(c, p) && c.tile_m == want.tile_m && c.tile_n == want.tile_n && c.tile_k == want.tile_k &&
         c.cluster_m == want.cluster_m && c.cluster_n == want.cluster_n && c.schedule == want.schedule) {
       choice.index = static_cast<int>(i);
     }

@@ -22,7 +22,11 @@ struct GroupedProblem {
   KernelVariant variant;
   int64_t m, n, k;
   int32_t num_groups;
+  Act act = Act::None;  // the GLU variants' activation
 };
+
+// Whether a compiled kernel computes this problem's variant (and activation).
+inline bool serves(const TileConfig& c, const GroupedProblem& p) { return c.variant == p.variant && c.act == p.act; }
 
 // Output tiles of one launch with this tile shape, the rows spread evenly over groups.
 int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
@@ -31,7 +35,7 @@ int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
 // CTAs, each tile weighted by its area over the configuration's relative throughput.
 double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count);
 
-// Index into `candidates` of the cheapest configuration of p.variant by the cost model,
+// Index into `candidates` of the cheapest configuration serving p by the cost model,
 // or -1 if none.
 int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 

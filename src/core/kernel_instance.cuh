@@ -29,6 +29,7 @@
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
+#include "epilogue_nodes.cuh"
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
@@ -37,21 +38,47 @@ namespace cute_moe::detail {
 template <class TileShape>
 using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t*, float,
                                                             cute::Stride<cute::_0, cute::_1, cute::_0>>;
-template <class ElementOut>
-using AddBias =
-    cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementOut, float, cutlass::FloatRoundStyle::round_to_nearest>;
+// scale[group] * acc + bias[group] (a row broadcast through an array of per-group
+// pointers; a null array means no bias, a null scale 1)
 template <class TileShape, class ElementOut>
-using BiasTree = cutlass::epilogue::fusion::Sm90EVT<AddBias<ElementOut>, cutlass::epilogue::fusion::Sm90AccFetch,
-                                                   BiasRow<TileShape>>;
+using ScaledBiasTree = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float,
+                                           cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch, Sm90GroupScalar, BiasRow<TileShape>>;
+template <class Args>
+Args scaled_bias_arguments(const GroupArrays& g) {
+  return {{}, {g.group_scale}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}},
+          {}};
+}
+// The row scale (router probability) of each output row, per group a pointer to its first
+// row's; unaligned (groups start anywhere), so loaded element by element; null: 1.
+template <class TileShape>
+using RowScaleCol = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float*, float,
+                                                                cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
 
-// D = acc + bias[group]
-struct BiasEpilogue {
+// Ragged M: D = row_scale[row] * (scale[group] * acc + bias[group])
+struct RaggedMEpilogue {
   using ElementC = void;
   template <class TileShape, class ElementD>
-  using Tree = BiasTree<TileShape, ElementD>;
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ElementD, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>,
+      RowScaleCol<TileShape>, ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext&) {
-    return {{}, {reinterpret_cast<const cutlass::bfloat16_t* const*>(g.bias), cutlass::bfloat16_t(0), {}}, {}};
+    return {{reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
+            scaled_bias_arguments<decltype(Args{}.op_1)>(g), {}};
+  }
+};
+
+// Ragged K: D = acc (the weight gradient; scale and bias arrays are null)
+struct RaggedKEpilogue {
+  using ElementC = void;
+  template <class TileShape, class ElementD>
+  using Tree = ScaledBiasTree<TileShape, ElementD>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext&) {
+    return scaled_bias_arguments<Args>(g);
   }
 };
 
@@ -67,19 +94,19 @@ using RowMajor = cutlass::layout::RowMajor;
 using ColMajor = cutlass::layout::ColumnMajor;
 using bf16 = cutlass::bfloat16_t;
 
-template <KernelVariant V>
+template <KernelVariant V, Act A>
 struct VariantTraits;
 // ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
-template <> struct VariantTraits<KernelVariant::RaggedM_BRow> : Traits<RowMajor, RowMajor, bf16, BiasEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedM_BCol> : Traits<RowMajor, ColMajor, bf16, BiasEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::None> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::None> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue> {};
 // (GLU variants: glu_variants.cuh, included by their translation units only)
 // ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
-template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16> : Traits<ColMajor, RowMajor, bf16, BiasEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedK_OutF32> : Traits<ColMajor, RowMajor, float, BiasEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::None> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::None> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue> {};
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct GroupedGemmTypes {
-  using Traits = VariantTraits<V>;
+  using Traits = VariantTraits<V, A>;
   using ElementAB = cutlass::bfloat16_t;
   using ElementD = typename Traits::ElementD;
   using ElementC = typename Traits::Epilogue::ElementC;
@@ -150,9 +177,9 @@ struct GroupedGemmTypes {
   }
 };
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
-size_t KernelInstance<V, TM, TN, TK, CM, CN, S>::workspace_size(int32_t num_groups, int sm_count) {
-  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S>;
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
+size_t KernelInstance<V, TM, TN, TK, CM, CN, S, A>::workspace_size(int32_t num_groups, int sm_count) {
+  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S, A>;
   GroupArrays g;
   g.num_groups = num_groups;
   LaunchContext ctx;
@@ -160,9 +187,9 @@ size_t KernelInstance<V, TM, TN, TK, CM, CN, S>::workspace_size(int32_t num_grou
   return Types::Gemm::get_workspace_size(Types::arguments(g, ctx));
 }
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
-Result KernelInstance<V, TM, TN, TK, CM, CN, S>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
-  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S>;
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
+Result KernelInstance<V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
+  using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S, A>;
   auto args = Types::arguments(groups, ctx);
   typename Types::Gemm gemm;
   cutlass::Status st = gemm.can_implement(args);
@@ -192,6 +219,7 @@ Result KernelInstance<V, TM, TN, TK, CM, CN, S>::launch(const GroupArrays& group
 }  // namespace cute_moe::detail
 
 // Expands one kernel_table.h row into an explicit instantiation.
-#define CUTE_MOE_INSTANTIATE_KERNEL(variant, tm, tn, tk, cm, cn, schedule)                                 \
+#define CUTE_MOE_INSTANTIATE_KERNEL(variant, tm, tn, tk, cm, cn, schedule, act)                            \
   template struct cute_moe::detail::KernelInstance<cute_moe::detail::KernelVariant::variant, tm, tn, tk, cm, \
-                                                   cn, cute_moe::detail::Schedule::schedule>;
+                                                   cn, cute_moe::detail::Schedule::schedule,                 \
+                                                   cute_moe::detail::Act::act>;

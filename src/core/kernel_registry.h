@@ -37,6 +37,14 @@ struct GroupArrays {
   int64_t* ldc = nullptr;
   void** aux = nullptr;
   int64_t* ldaux = nullptr;
+  // Scales of ragged M (null: 1): one per group on the GEMM result, and one per row (the
+  // router probability) on the biased result; per group, a pointer to its first row's.
+  const float* group_scale = nullptr;
+  const float** row_scale = nullptr;
+  // GLU backward with a row scale: per group, where its rows' row-scale-gradient partials
+  // go (one per row and tile column, tile columns row_partial_stride floats apart).
+  float** row_partial = nullptr;
+  int64_t row_partial_stride = 0;
 };
 
 struct LaunchContext {
@@ -50,7 +58,7 @@ struct LaunchContext {
   GluParams glu;                // gated-activation epilogues only
 };
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S>
+template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct KernelInstance {
   static Result launch(const GroupArrays& groups, const LaunchContext& ctx);
   static size_t workspace_size(int32_t num_groups, int sm_count);

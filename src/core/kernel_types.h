@@ -12,11 +12,16 @@ enum class KernelVariant {
   RaggedM_BCol,     // y = x @ W_e,   W_e (k x n) with unit stride along k
   RaggedK_OutBF16,  // dw_e = x_e^T @ dy_e, bf16 output
   RaggedK_OutF32,   // dw_e = x_e^T @ dy_e, fp32 output
-  GluFwd_BRow,      // ragged M, epilogue: pre = acc + bias stored as D, h = act(pre) as aux
+  GluFwd_BRow,      // ragged M, epilogue: pre = scale * acc + bias stored as D, h = act(pre) as aux
   GluFwd_BCol,
-  GluBwd_BRow,      // ragged M, epilogue: reads pre (as C), dpre = dact as aux, h = act(pre) as D
-  GluBwd_BCol,
+  GluBwd_BRow,      // ragged M, epilogue: reads pre (as C), dpre = dact(row_scale * scale * acc) as D,
+  GluBwd_BCol,      //   row_scale * act(pre) as aux, row_scale-gradient partials
 };
+
+// The activation compiled into a GLU variant's epilogue (None for the other variants).
+// A compile-time choice: one kernel per activation keeps each epilogue's code small (a
+// runtime switch made the fused backward instruction-cache bound, docs/perf-notes.md).
+enum class Act { None, SwigluOai, Swiglu, Geglu, Srelu };
 
 enum class Schedule { Cooperative, Pingpong };
 
@@ -25,6 +30,7 @@ struct TileConfig {
   int tile_m, tile_n, tile_k;
   int cluster_m, cluster_n;
   Schedule schedule;
+  Act act = Act::None;
 };
 
 }  // namespace cute_moe::detail

@@ -70,6 +70,11 @@ class Checker {
     if (p == nullptr) return require(!required, name, " must not be null");
     return require(reinterpret_cast<uintptr_t>(p) % 16 == 0, name, " must be 16-byte aligned, got address ", p);
   }
+  // An optional fp32 vector read element by element.
+  Checker& scalars(const char* name, const float* p) {
+    return require(reinterpret_cast<uintptr_t>(p) % 4 == 0, name, " must be 4-byte aligned, got address ",
+                   static_cast<const void*>(p));
+  }
 
   Result result() const { return result_; }
 
@@ -84,7 +89,7 @@ Result validate(const RaggedMGemmArgs& a) {
   Checker c("ragged_m_gemm");
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n).row_dim("k", a.k);
   c.pointer("offs", a.offs).pointer("w", a.w).pointer("x", a.x, a.m > 0).pointer("y", a.y, a.m > 0);
-  c.pointer("bias", a.bias, false);
+  c.pointer("bias", a.bias, false).scalars("group_scale", a.group_scale).scalars("row_scale", a.row_scale);
   c.leading_dim("ldx", a.ldx, a.k, "k").leading_dim("ldy", a.ldy, a.n, "n");
   c.require(a.w_stride_k == 1 || a.w_stride_n == 1,
             "the weight needs a unit stride along k or along n (a row-major (E, k, n) tensor or a transposed view of "
@@ -117,7 +122,10 @@ Result validate(const RaggedKGemmArgs& a) {
 namespace {
 
 void check_glu(Checker& c, const GluOptions& g) {
-  c.require(g.activation == GluActivation::kSwigluOai, "unknown gated activation ", static_cast<int>(g.activation));
+  const int act = static_cast<int>(g.activation);
+  c.require(act >= static_cast<int>(GluActivation::kSwigluOai) && act <= static_cast<int>(GluActivation::kSrelu),
+            "unknown activation ", act);
+  c.require(is_gated(g.activation) || !g.has_limit, "srelu takes no clamp limit (has_limit must be false)");
   c.require(std::isfinite(g.alpha), "the activation's alpha must be finite, got ", g.alpha);
   c.require(!g.has_limit || (std::isfinite(g.limit) && g.limit >= 0), "the activation's limit must be finite and >= 0, got ",
             g.limit);
@@ -129,10 +137,13 @@ Result validate(const GluForwardArgs& a) {
   Result r = validate(a.gemm);
   if (!r.ok()) return r;
   Checker c("glu_forward");
-  c.require(a.gemm.n % 16 == 0, "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=",
-            a.gemm.n);
-  c.pointer("h", a.h, a.gemm.m > 0).leading_dim("ldh", a.ldh, a.gemm.n / 2, "n/2");
   check_glu(c, a.glu);
+  const bool gated = is_gated(a.glu.activation);
+  c.require(!gated || a.gemm.n % 16 == 0,
+            "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=", a.gemm.n);
+  c.require(a.gemm.row_scale == nullptr, "row_scale must be null (it scales the down projection)");
+  const int64_t h_cols = gated ? a.gemm.n / 2 : a.gemm.n;
+  c.pointer("h", a.h, a.gemm.m > 0).leading_dim("ldh", a.ldh, h_cols, gated ? "n/2" : "n");
   return c.result();
 }
 
@@ -141,9 +152,21 @@ Result validate(const GluBackwardArgs& a) {
   if (!r.ok()) return r;
   Checker c("glu_backward");
   c.require(a.gemm.bias == nullptr, "bias must be null (the input gradient has no bias)");
-  c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);
-  c.leading_dim("ldpre", a.ldpre, 2 * a.gemm.n, "2n").leading_dim("lddpre", a.lddpre, 2 * a.gemm.n, "2n");
   check_glu(c, a.glu);
+  const bool gated = is_gated(a.glu.activation);
+  const int64_t pre_cols = gated ? 2 * a.gemm.n : a.gemm.n;
+  const char* pre_name = gated ? "2n" : "n";
+  c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);
+  c.leading_dim("ldpre", a.ldpre, pre_cols, pre_name).leading_dim("lddpre", a.lddpre, pre_cols, pre_name);
+  c.require(a.row_scale_grad == nullptr || a.gemm.row_scale != nullptr,
+            "row_scale_grad needs row_scale (the gradient of a row scale the forward did not apply)");
+  c.scalars("row_scale_grad", a.row_scale_grad);
+  c.require(a.out_bias == nullptr || a.row_scale_grad != nullptr, "out_bias is only read for row_scale_grad");
+  c.pointer("out_bias", a.out_bias, false);
+  if (a.out_bias != nullptr) {
+    c.require(a.out_bias_stride >= a.gemm.k && a.out_bias_stride % 8 == 0,
+              "out_bias_stride must be a multiple of 8 elements and >= k=", a.gemm.k, ", got ", a.out_bias_stride);
+  }
   return c.result();
 }
 
@@ -151,6 +174,7 @@ Result validate(const GroupColumnSumArgs& a) {
   Checker c("group_column_sum");
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);
   c.pointer("offs", a.offs).pointer("out", a.out).pointer("src", a.src, a.m > 0);
+  c.scalars("row_scale", a.row_scale);
   c.leading_dim("ld", a.ld, a.n, "n");
   return c.result();
 }

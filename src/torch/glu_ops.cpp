@@ -1,7 +1,9 @@
-// PyTorch ops over the fused gated-activation GEMMs (cute_moe/fused_glu.h): the expert
-// up-projection with SwiGLU in its epilogue, and the down-projection input gradient with
-// the SwiGLU backward in its epilogue. Autograd across the pair lives in Python
-// (cute_moe/expert_ffn.py), since the forward hands `pre` to the backward.
+// PyTorch ops over the fused activation GEMMs (cute_moe/fused_glu.h): the expert
+// up-projection with the activation in its epilogue, and the down-projection input
+// gradient with the activation's backward (and the router-probability gradient) in its
+// epilogue. Autograd across the pair lives in Python (cute_moe/expert_ffn.py), since the
+// forward hands `pre` to the backward. grouped_mm_swiglu(_bwd) are the seed's GPT-OSS
+// entry points, kept with their schemas; grouped_mm_act(_bwd) are the general ones.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,31 +16,45 @@ namespace cute_moe::torch_ops {
 
 namespace {
 
-GluOptions swiglu_options(double alpha, std::optional<double> limit) {
+GluActivation parse_activation(const std::string& name) {
+  if (name == "swiglu_oai") return GluActivation::kSwigluOai;
+  if (name == "swiglu") return GluActivation::kSwiglu;
+  if (name == "geglu") return GluActivation::kGeglu;
+  if (name == "srelu") return GluActivation::kSrelu;
+  TORCH_CHECK(false, "cute_moe: activation must be one of 'swiglu_oai', 'swiglu', 'geglu', 'srelu' (fused), got '",
+              name, "'");
+}
+
+GluOptions glu_options(const std::string& activation, double alpha, std::optional<double> limit) {
   GluOptions o;
-  o.activation = GluActivation::kSwigluOai;
+  o.activation = parse_activation(activation);
   o.alpha = static_cast<float>(alpha);
   o.has_limit = limit.has_value();
   o.limit = limit.has_value() ? static_cast<float>(*limit) : 0.0f;
   return o;
 }
 
-std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, const at::Tensor& w,
-                                                          const at::Tensor& offs,
-                                                          const std::optional<at::Tensor>& bias, double alpha,
-                                                          std::optional<double> limit) {
+// (h, pre): pre = scale[e] * (x @ w[e]) + bias[e], h = act(pre).
+std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, const at::Tensor& w,
+                                                       const at::Tensor& offs, const std::optional<at::Tensor>& bias,
+                                                       const std::optional<at::Tensor>& scale,
+                                                       const std::string& activation, double alpha,
+                                                       std::optional<double> limit) {
+  const GluOptions opts = glu_options(activation, alpha, limit);
+  const bool gated = is_gated(opts.activation);
   check_ragged_m_operands(x, w, offs);
   check_bias(bias, w, x);
-  TORCH_CHECK(w.size(2) % 2 == 0, "cute_moe: w must have an even number of columns (interleaved gate/linear), got ",
-              w.sizes());
+  TORCH_CHECK(!gated || w.size(2) % 2 == 0, "cute_moe: ", activation,
+              " needs an even number of columns in w (interleaved gate/linear), got ", w.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor pre = at::empty({x.size(0), w.size(2)}, x.options());
-  at::Tensor h = at::empty({x.size(0), w.size(2) / 2}, x.options());
+  at::Tensor h = at::empty({x.size(0), gated ? w.size(2) / 2 : w.size(2)}, x.options());
   GluForwardArgs a;
   a.gemm = ragged_m_args(x, w, offs, bias, pre);
+  a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
   a.ldh = h.stride(0);
-  a.glu = swiglu_options(alpha, limit);
+  a.glu = opts;
   if (a.gemm.m == 0) return {h, pre};
   size_t bytes = 0;
   throw_if_error(workspace_size(a, &bytes));
@@ -47,29 +63,67 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, c
   return {h, pre};
 }
 
-std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& w,
-                                                              const at::Tensor& offs, const at::Tensor& pre,
-                                                              double alpha, std::optional<double> limit) {
+// (dpre, prob * h, dprob); w is the matrix multiplied, (E, H, I): the down-projection
+// weight's transpose. dprob is empty unless prob_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
+    const at::Tensor& dy, const at::Tensor& w, const at::Tensor& offs, const at::Tensor& pre,
+    const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& prob,
+    const std::optional<at::Tensor>& out_bias, bool prob_grad, const std::string& activation, double alpha,
+    std::optional<double> limit) {
+  const GluOptions opts = glu_options(activation, alpha, limit);
+  const int64_t pre_cols = is_gated(opts.activation) ? 2 * w.size(2) : w.size(2);
   check_ragged_m_operands(dy, w, offs);
   check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
-  TORCH_CHECK(pre.size(0) == dy.size(0) && pre.size(1) == 2 * w.size(2), "cute_moe: pre must be (M, 2I) = (",
-              dy.size(0), ", ", 2 * w.size(2), ") for dy ", dy.sizes(), " and w ", w.sizes(), ", got ", pre.sizes());
+  TORCH_CHECK(pre.size(0) == dy.size(0) && pre.size(1) == pre_cols, "cute_moe: pre must be (M, ", pre_cols,
+              ") = (", dy.size(0), ", ", pre_cols, ") for dy ", dy.sizes(), ", w ", w.sizes(), " and ", activation,
+              ", got ", pre.sizes());
   check_row_major(pre, "pre");
+  TORCH_CHECK(!prob_grad || prob.has_value(), "cute_moe: prob_grad needs prob");
+  TORCH_CHECK(!out_bias.has_value() || prob_grad, "cute_moe: out_bias is only read for prob_grad");
+  if (out_bias.has_value()) {
+    check_cuda_tensor(*out_bias, "out_bias", at::kBFloat16, 2, dy);
+    TORCH_CHECK(out_bias->size(0) == w.size(0) && out_bias->size(1) == dy.size(1),
+                "cute_moe: out_bias must be (E, H) = (", w.size(0), ", ", dy.size(1), "), got ", out_bias->sizes());
+    check_row_major(*out_bias, "out_bias");
+  }
   const c10::cuda::CUDAGuard guard(dy.device());
   at::Tensor h = at::empty({dy.size(0), w.size(2)}, dy.options());
-  at::Tensor dpre = at::empty({dy.size(0), 2 * w.size(2)}, dy.options());
+  at::Tensor dpre = at::empty({dy.size(0), pre_cols}, dy.options());
+  at::Tensor dprob = at::empty({prob_grad ? dy.size(0) : 0}, dy.options().dtype(at::kFloat));
   GluBackwardArgs a;
   a.gemm = ragged_m_args(dy, w, offs, std::nullopt, h);
+  a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", dy);
+  a.gemm.row_scale = optional_scales(prob, "prob", dy.size(0), "M", dy);
   a.pre = pre.data_ptr();
   a.ldpre = pre.stride(0);
   a.dpre = dpre.data_ptr();
   a.lddpre = dpre.stride(0);
-  a.glu = swiglu_options(alpha, limit);
-  if (a.gemm.m == 0) return {dpre, h};
+  if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
+  if (out_bias.has_value()) {
+    a.out_bias = out_bias->data_ptr();
+    a.out_bias_stride = out_bias->stride(0);
+  }
+  a.glu = opts;
+  if (a.gemm.m == 0) return {dpre, h, dprob};
   size_t bytes = 0;
   throw_if_error(workspace_size(a, &bytes));
   at::Tensor ws = workspace(bytes, dy);
   throw_if_error(glu_backward(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  return {dpre, h, dprob};
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, const at::Tensor& w,
+                                                          const at::Tensor& offs,
+                                                          const std::optional<at::Tensor>& bias, double alpha,
+                                                          std::optional<double> limit) {
+  return grouped_mm_act_cuda(x, w, offs, bias, std::nullopt, "swiglu_oai", alpha, limit);
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& w,
+                                                              const at::Tensor& offs, const at::Tensor& pre,
+                                                              double alpha, std::optional<double> limit) {
+  auto [dpre, h, dprob] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, std::nullopt, std::nullopt, std::nullopt, false,
+                                                  "swiglu_oai", alpha, limit);
   return {dpre, h};
 }
 
@@ -82,11 +136,20 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def(
       "grouped_mm_swiglu_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, float alpha=1.702, "
       "float? limit=7.0) -> (Tensor, Tensor)");
+  m.def(
+      "grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, "
+      "str activation=\"swiglu\", float alpha=1.702, float? limit=None) -> (Tensor, Tensor)");
+  m.def(
+      "grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
+      "Tensor? out_bias=None, bool prob_grad=False, str activation=\"swiglu\", float alpha=1.702, "
+      "float? limit=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu_cuda);
   m.impl("grouped_mm_swiglu_bwd", &grouped_mm_swiglu_bwd_cuda);
+  m.impl("grouped_mm_act", &grouped_mm_act_cuda);
+  m.impl("grouped_mm_act_bwd", &grouped_mm_act_bwd_cuda);
 }
 
 }  // namespace cute_moe::torch_ops

@@ -74,7 +74,28 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_wgrad_cuda(const at::Tensor& x, co
   return {dw, db};
 }
 
-at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs) {
+// y = prob[r] * (scale[e] * (x @ w[e]) + bias[e]): the down projection of an expert FFN
+// with the router probabilities and the per-expert scale in its epilogue.
+at::Tensor grouped_mm_scaled_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                                  const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
+                                  const std::optional<at::Tensor>& prob) {
+  check_ragged_m_operands(x, w, offs);
+  check_bias(bias, w, x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({x.size(0), w.size(2)}, x.options());
+  RaggedMGemmArgs a = ragged_m_args(x, w, offs, bias, y);
+  a.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
+  a.row_scale = optional_scales(prob, "prob", x.size(0), "M", x);
+  if (a.m == 0) return y;
+  size_t bytes = 0;
+  throw_if_error(workspace_size(a, &bytes));
+  at::Tensor ws = workspace(bytes, x);
+  throw_if_error(ragged_m_gemm(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  return y;
+}
+
+at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs,
+                                   const std::optional<at::Tensor>& row_scale) {
   check_cuda_tensor(src, "src", at::kBFloat16, 2, src);
   check_row_major(src, "src");
   const int64_t num_groups = offs.dim() == 1 ? offs.size(0) : -1;
@@ -89,6 +110,7 @@ at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs
   a.offs = offs.data_ptr<int32_t>();
   a.src = src.data_ptr();
   a.ld = src.stride(0);
+  a.row_scale = optional_scales(row_scale, "row_scale", src.size(0), "M", src);
   a.out = out.data_ptr<float>();
   size_t bytes = 0;
   throw_if_error(workspace_size(a, &bytes));
@@ -104,13 +126,16 @@ TORCH_LIBRARY(cute_moe, m) {
   m.def(
       "grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, ScalarType? out_dtype=None, bool bias_grad=False) "
       "-> (Tensor, Tensor)");
-  m.def("grouped_column_sum(Tensor src, Tensor offs) -> Tensor");
+  m.def("grouped_column_sum(Tensor src, Tensor offs, Tensor? row_scale=None) -> Tensor");
+  m.def("grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, "
+        "Tensor? prob=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("grouped_mm", &grouped_mm_cuda);
   m.impl("grouped_mm_wgrad", &grouped_mm_wgrad_cuda);
   m.impl("grouped_column_sum", &grouped_column_sum_cuda);
+  m.impl("grouped_mm_scaled", &grouped_mm_scaled_cuda);
 }
 
 }  // namespace cute_moe::torch_ops

@@ -85,4 +85,15 @@ inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& 
   check_row_major(*bias, "bias");
 }
 
+// Optional fp32 vector of `length` elements (a per-group or per-row scale), contiguous.
+inline const float* optional_scales(const std::optional<at::Tensor>& t, const char* name, int64_t length,
+                                    const char* length_name, const at::Tensor& x) {
+  if (!t.has_value()) return nullptr;
+  check_cuda_tensor(*t, name, at::kFloat, 1, x);
+  TORCH_CHECK(t->size(0) == length, "cute_moe: ", name, " must have ", length_name, " = ", length,
+              " elements, got shape ", t->sizes());
+  TORCH_CHECK(t->is_contiguous(), "cute_moe: ", name, " must be contiguous, got strides ", t->strides());
+  return t->data_ptr<float>();
+}
+
 }  // namespace cute_moe::torch_ops

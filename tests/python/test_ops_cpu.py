@@ -26,7 +26,7 @@ def test_schemas_and_registrations():
         "cute_moe::grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, "
         "ScalarType? out_dtype=None, bool bias_grad=False) -> (Tensor, Tensor)")
     assert str(ops.grouped_column_sum.default._schema) == (
-        "cute_moe::grouped_column_sum(Tensor src, Tensor offs) -> Tensor")
+        "cute_moe::grouped_column_sum(Tensor src, Tensor offs, Tensor? row_scale=None) -> Tensor")
     for name in ("cute_moe::grouped_mm", "cute_moe::grouped_mm_wgrad", "cute_moe::grouped_column_sum"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("cute_moe::grouped_mm", "Autograd")

@@ -1,0 +1,85 @@
+# Random expert blocks for every activation / bias / probability / scale combination,
+# shared by the CPU and GPU tests of cute_moe.expert_ffn.
+from __future__ import annotations
+
+import torch
+
+from cute_moe import reference as ref, testing
+
+BF16 = torch.bfloat16
+ACTIVATIONS = ref.ACTIVATIONS
+
+
+def make_block(m, hidden, inter, experts, activation, *, bias, prob, scale, routing="skewed",
+               layout="kn", device="cpu", seed=0, padding=0, boundary=False):
+    """Leaves (dict, requires_grad) and offs of a random block. `boundary` pushes the
+    up-projection's outputs onto the activation's kinks (the clamp limits, 0)."""
+    g = torch.Generator().manual_seed(seed)
+    gated = activation in ref.GATED_ACTIVATIONS
+    up = 2 * inter if gated else inter
+    sizes = testing.group_sizes(m, experts, routing, generator=g)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+
+    def randn(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(BF16)
+
+    def weight(k, n):
+        w = randn(experts, k, n, s=3.0 * k ** -0.5)
+        return w if layout == "kn" else w.transpose(-2, -1).contiguous()
+
+    leaves = dict(x=randn(m + padding, hidden), w_up=weight(hidden, up),
+                  w_down=weight(inter, hidden))
+    if boundary:  # a bias that lands many pre-activations exactly on the kinks
+        kinks = torch.tensor([7.0, -7.0, 0.0, 6.9921875, 7.0078125])
+        leaves["b_up"] = kinks[torch.randint(len(kinks), (experts, up), generator=g)].to(BF16)
+        leaves["x"] = (leaves["x"].float() * 1e-3).to(BF16)  # keep x @ W tiny next to them
+    elif bias:
+        leaves["b_up"] = randn(experts, up, s=0.5)
+    if bias:
+        leaves["b_down"] = randn(experts, hidden, s=0.5)
+    if prob:
+        leaves["prob"] = torch.rand(m + padding, generator=g)
+    if scale:
+        leaves["scale_up"] = torch.rand(experts, generator=g) + 0.5
+        leaves["scale_down"] = torch.rand(experts, generator=g) + 0.5
+    leaves = {k: v.to(device).requires_grad_() for k, v in leaves.items()}
+    return leaves, offs.to(device)
+
+
+def operands(leaves, layout):
+    """The (E, K, N) operands: the leaves, or transposed views of them (layout "nk")."""
+    w = {k: (v if layout == "kn" else v.transpose(-2, -1)) for k, v in leaves.items()
+         if k.startswith("w_")}
+    return w["w_up"], w["w_down"]
+
+
+def run_ours(leaves, offs, activation, layout="kn"):
+    import cute_moe
+    w_up, w_down = operands(leaves, layout)
+    return cute_moe.expert_ffn(leaves["x"], w_up, w_down, offs, leaves.get("b_up"),
+                               leaves.get("b_down"), activation=activation,
+                               prob=leaves.get("prob"), scale_up=leaves.get("scale_up"),
+                               scale_down=leaves.get("scale_down"))
+
+
+def run_ref(leaves, offs, activation, layout="kn", compute_dtype=torch.float32):
+    w_up, w_down = operands(leaves, layout)
+    return ref.expert_ffn_ref(leaves["x"], w_up, leaves.get("b_up"), w_down, leaves.get("b_down"),
+                              offs, 1.702, ref.default_limit(activation), compute_dtype,
+                              activation=activation, prob=leaves.get("prob"),
+                              scale_up=leaves.get("scale_up"), scale_down=leaves.get("scale_down"))
+
+
+def check_block(leaves, offs, activation, layout="kn", tol=1e-2):
+    """Output and every gradient of expert_ffn against the fp32 reference."""
+    out = run_ours(leaves, offs, activation, layout)
+    expect = run_ref(leaves, offs, activation, layout)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, BF16)
+    names = list(leaves)
+    grads = torch.autograd.grad(out, [leaves[k] for k in names], dy)
+    want = torch.autograd.grad(expect, [leaves[k] for k in names], dy.float())
+    errors = {"out": testing.rel_error(out, expect)}
+    errors.update({f"d{k}": testing.rel_error(a, b) for k, a, b in zip(names, grads, want)})
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{activation}: relative errors above {tol}: {bad}"
+    return errors

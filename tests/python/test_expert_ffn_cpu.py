@@ -1,0 +1,106 @@
+# cute_moe.expert_ffn on the CPU (the references, or the library's CPU kernels): every
+# activation x bias x router probability x per-expert scale, output and all gradients
+# against the fp32 reference; argument errors; torch.compile tracing.
+import itertools
+
+import pytest
+import torch
+
+import cute_moe
+from cute_moe import _ops, reference as ref
+
+from expert_ffn_cases import ACTIVATIONS, check_block, make_block, run_ours
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("bias, prob, scale", list(itertools.product([False, True], repeat=3)))
+def test_every_combination_matches_the_reference(activation, bias, prob, scale):
+    leaves, offs = make_block(96, 32, 16, 4, activation, bias=bias, prob=prob, scale=scale)
+    check_block(leaves, offs, activation)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu", "srelu"])
+def test_boundary_values(activation):
+    leaves, offs = make_block(96, 32, 16, 4, activation, bias=True, prob=True, scale=False,
+                              boundary=True)
+    check_block(leaves, offs, activation)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_transposed_weights_and_empty_experts(activation):
+    leaves, offs = make_block(80, 32, 16, 6, activation, bias=True, prob=True, scale=True,
+                              routing="empty", layout="nk")
+    check_block(leaves, offs, activation, layout="nk")
+
+
+def test_reference_activations_match_their_formulas():
+    pre = torch.randn(64, 32, dtype=torch.float64) * 4
+    a, b = pre[:, 0::2], pre[:, 1::2]
+    sig = torch.sigmoid
+    torch.testing.assert_close(ref.act_ref(pre, "swiglu"), a * sig(a) * b)
+    gelu = 0.5 * a * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (a + 0.044715 * a ** 3)))
+    torch.testing.assert_close(ref.act_ref(pre, "geglu"), gelu * b)
+    torch.testing.assert_close(ref.act_ref(pre, "srelu"), torch.where(pre > 0, pre * pre, 0.0))
+    g, u = a.clamp(max=7.0), b.clamp(-7.0, 7.0)
+    torch.testing.assert_close(ref.act_ref(pre, "swiglu_oai", 1.702, 7.0),
+                               g * sig(1.702 * g) * (u + 1))
+    torch.testing.assert_close(ref.act_ref(pre, "swiglu", limit=2.0),
+                               a.clamp(max=2.0) * sig(a.clamp(max=2.0)) * b.clamp(-2.0, 2.0))
+
+
+def test_seed_functions_are_the_swiglu_oai_block():
+    leaves, offs = make_block(64, 32, 16, 4, "swiglu_oai", bias=True, prob=False, scale=False)
+    h, pre = cute_moe.grouped_mm_swiglu(leaves["x"], leaves["w_up"], offs, leaves["b_up"])
+    out = cute_moe.grouped_mm_downproj(h, leaves["w_down"], offs, leaves["b_down"],
+                                       aux_biased_acc=pre)
+    assert torch.equal(out, run_ours(leaves, offs, "swiglu_oai"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(activation="relu"), r"activation: expected one of"),
+    (dict(activation="srelu", limit=7.0), r"limit: expected None for 'srelu'"),
+    (dict(prob="p"), r"prob: expected a tensor or None"),
+    (dict(scale_up=torch.ones(3)), r"scale_up: expected shape \(4,\)"),
+])
+def test_argument_errors(kwargs, message):
+    leaves, offs = make_block(16, 32, 16, 4, "swiglu", bias=False, prob=False, scale=False)
+    with pytest.raises(ValueError, match=message):
+        cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs, **kwargs)
+
+
+def test_wrong_widths_are_rejected():
+    leaves, offs = make_block(16, 32, 16, 4, "srelu", bias=False, prob=False, scale=False)
+    with pytest.raises(ValueError, match=r"w_down: expected shape \(4, 8, 32\)"):
+        cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs,
+                            activation="swiglu")
+
+
+@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+def test_schemas():
+    ops = torch.ops.cute_moe
+    assert str(ops.grouped_mm_act.default._schema) == (
+        "cute_moe::grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
+        "Tensor? scale=None, str activation=\"swiglu\", float alpha=1.702, float? limit=None) "
+        "-> (Tensor, Tensor)")
+    assert str(ops.grouped_mm_scaled.default._schema) == (
+        "cute_moe::grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
+        "Tensor? scale=None, Tensor? prob=None) -> Tensor")
+    for name in ("grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_scaled"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cute_moe::{name}", "CPU")
+
+
+@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+@pytest.mark.parametrize("activation", ["geglu", "srelu"])
+def test_torch_compile_fullgraph(activation):
+    torch._dynamo.reset()
+    leaves, offs = make_block(48, 32, 16, 4, activation, bias=True, prob=True, scale=True)
+
+    def step(leaves):
+        out = run_ours(leaves, offs, activation)
+        return out, torch.autograd.grad(out.float().sum(), list(leaves.values()))
+
+    out, grads = torch.compile(step, fullgraph=True, backend="aot_eager")(leaves)
+    out_eager, grads_eager = step(leaves)
+    torch.testing.assert_close(out, out_eager)
+    for a, b in zip(grads, grads_eager):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,98 @@
+# cute_moe.expert_ffn on the GPU: the fused kernels of every activation, with and without
+# biases, router probabilities and per-expert scales, output and every gradient against
+# the fp32 reference; the kernels' own contracts (h recomputed bit for bit, dprob
+# deterministic, padding rows zero, no host sync).
+import itertools
+
+import pytest
+import torch
+
+from cute_moe import _ops, reference as ref, testing
+
+from expert_ffn_cases import ACTIVATIONS, BF16, check_block, make_block, run_ours
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act"),
+]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("bias, prob, scale", list(itertools.product([False, True], repeat=3)))
+def test_every_combination_matches_the_reference(activation, bias, prob, scale):
+    leaves, offs = make_block(1500, 256, 384, 8, activation, bias=bias, prob=prob, scale=scale,
+                              device="cuda", seed=3)
+    check_block(leaves, offs, activation)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu", "srelu"])
+@pytest.mark.parametrize("layout, routing", [("kn", "empty"), ("nk", "skewed"), ("nk", "single")])
+def test_layouts_and_routings(activation, layout, routing):
+    leaves, offs = make_block(700, 128, 136, 6, activation, bias=True, prob=True, scale=True,
+                              routing=routing, layout=layout, device="cuda", seed=5)
+    check_block(leaves, offs, activation, layout=layout)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu", "srelu"])
+def test_boundary_values(activation):
+    leaves, offs = make_block(600, 128, 64, 4, activation, bias=True, prob=True, scale=False,
+                              device="cuda", boundary=True, seed=7)
+    check_block(leaves, offs, activation)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "srelu"])
+def test_kernels_against_their_references(activation):
+    leaves, offs = make_block(900, 256, 264, 5, activation, bias=True, prob=True, scale=True,
+                              device="cuda", padding=37, seed=11)
+    x, w_up, w_down = leaves["x"].detach(), leaves["w_up"].detach(), leaves["w_down"].detach()
+    b_up, b_down = leaves["b_up"].detach(), leaves["b_down"].detach()
+    s_up, s_down = leaves["scale_up"].detach(), leaves["scale_down"].detach()
+    prob = leaves["prob"].detach()
+    ops = torch.ops.cute_moe
+    used = int(offs[-1])
+    h, pre = ops.grouped_mm_act(x, w_up, offs, b_up, s_up, activation)
+    h_ref, pre_ref = ref.grouped_mm_act_ref(x, w_up, offs, b_up, s_up, activation)
+    testing.assert_rel_close(pre, pre_ref.float(), "pre")
+    testing.assert_rel_close(h, ref.act_ref(pre, activation), "h from the kernel's pre")
+    assert torch.all(pre[used:] == 0) and torch.all(h[used:] == 0)
+    dy = torch.randn(x.shape[0], x.shape[1], device="cuda").to(BF16)
+    args = (dy, w_down.transpose(-2, -1), offs, pre, s_down, prob, b_down, True, activation)
+    dpre, hp, dprob = ops.grouped_mm_act_bwd(*args)
+    dpre_ref, hp_ref, dprob_ref = ref.grouped_mm_act_bwd_ref(*args)
+    testing.assert_rel_close(dpre, dpre_ref.float(), "dpre")
+    testing.assert_rel_close(hp, hp_ref.float(), "prob * h")
+    testing.assert_rel_close(dprob, dprob_ref, "dprob", torch.bfloat16)
+    assert torch.all(dpre[used:] == 0) and torch.all(hp[used:] == 0) and torch.all(dprob[used:] == 0)
+    # Without a probability the backward's h is the forward's, bit for bit.
+    _, h_again, _ = ops.grouped_mm_act_bwd(dy, w_down.transpose(-2, -1), offs, pre, None, None,
+                                           None, False, activation)
+    assert torch.equal(h_again, h)
+    # dprob has a fixed summation order.
+    assert torch.equal(ops.grouped_mm_act_bwd(*args)[2], dprob)
+
+
+def test_scaled_down_projection_kernel():
+    leaves, offs = make_block(800, 128, 96, 6, "srelu", bias=True, prob=True, scale=True,
+                              device="cuda", padding=20, seed=13)
+    h = torch.randn(leaves["x"].shape[0], 96, device="cuda").to(BF16)
+    args = (h, leaves["w_down"].detach(), offs, leaves["b_down"].detach(),
+            leaves["scale_down"].detach(), leaves["prob"].detach())
+    y = torch.ops.cute_moe.grouped_mm_scaled(*args)
+    testing.assert_rel_close(y, ref.grouped_mm_scaled_ref(*args).float(), "y")
+    assert torch.all(y[int(offs[-1]):] == 0)
+    col = torch.ops.cute_moe.grouped_column_sum(h, offs, leaves["prob"].detach())
+    testing.assert_rel_close(col, ref.grouped_bias_grad_ref(h, offs, row_scale=leaves["prob"]),
+                             "prob-weighted column sums", torch.bfloat16)
+
+
+@pytest.mark.parametrize("activation", ["geglu", "srelu", "none"])
+def test_no_host_sync(activation):
+    leaves, offs = make_block(512, 128, 64, 4, activation, bias=True, prob=True, scale=True,
+                              device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = run_ours(leaves, offs, activation)
+        torch.autograd.grad(out.float().sum(), list(leaves.values()))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
