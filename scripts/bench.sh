@@ -13,6 +13,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCUTE_MOE_BUILD_TORCH=ON -DCUTE_MOE_BUILD_T
 CUTE_MOE_BUILD_DIR="$BUILD_DIR" python3 -m pip install -q --no-build-isolation --no-deps .
 mkdir -p bench/results
 stamp=$(date -u +%Y%m%d-%H%M%S)
-python3 bench/bench_expert_ffn.py --routing balanced,skewed --json "bench/results/expert_ffn-$stamp.json"
+python3 -m cute_moe.bench --check --json "bench/results/moe-$stamp.json"
+(cd bench && python3 bench_activations.py --json "results/activations-$stamp.json")
 python3 bench/bench_grouped_gemm.py --json "bench/results/grouped_gemm-$stamp.json"
 echo "results written to bench/results/*-$stamp.json"

@@ -1,11 +1,13 @@
 # cute-moe: grouped GEMMs for mixture-of-experts layers (CUDA kernels behind torch ops,
 # with pure-PyTorch references that double as the CPU implementation).
-from . import reference, repack
+from . import reference, reference_permute, repack
 from ._library import library_loaded
 from .expert_ffn import expert_ffn, grouped_mm_downproj, grouped_mm_swiglu
 from .functional import grouped_mm
+from . import permute  # the module: permute.permute / permute.unpermute
+from . import nn  # noqa: E402  (cute_moe.nn.MoE, GroupedExperts: built on the above)
 
 __version__ = "0.1.0"
 
-__all__ = ["grouped_mm", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "library_loaded",
-           "reference", "repack", "__version__"]
+__all__ = ["grouped_mm", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "permute",
+           "library_loaded", "nn", "reference", "reference_permute", "repack", "__version__"]

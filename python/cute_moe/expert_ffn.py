@@ -143,7 +143,10 @@ class _UpProj(torch.autograd.Function):
         x, w, offs, bias, scale = ctx.saved_tensors
         act = ctx.act
         dpre = grad_pre
-        if grad_h is not None:  # h took gradient outside the fused route
+        # h took gradient outside the fused route. Under torch.compile, which traces this
+        # backward without knowing whether grad_h is None, the fused pairing is assumed (h
+        # never leaves expert_ffn; see grouped_mm_downproj for the seed API).
+        if grad_h is not None and not torch.compiler.is_compiling():
             pre = _act_fwd(x, w, offs, bias, scale, act)[1]  # same bits as the forward's
             d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)

@@ -66,9 +66,13 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // Length of the reduction. For ragged K it is the group's rows, which routing skew can
   // make many times the average: only clearly shallow groups count as short there.
   const bool short_reduction = ragged_m ? p.k <= 3072 && p.n <= 3072 : rows_per_group <= 1536 && p.n <= 3072;
+  // The fused activation backward's epilogue (dact, two outputs, the row-scale-gradient
+  // sums) is the heaviest: fewer, larger tiles won 3-4% at both the GPT-OSS and the
+  // Qwen3 shapes (docs/perf-notes.md, "activation family").
+  const bool glu_backward = p.variant == KernelVariant::GluBwd_BRow || p.variant == KernelVariant::GluBwd_BCol;
 
   LaunchChoice choice;
-  const TileConfig want = short_reduction ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
+  const TileConfig want = short_reduction && !glu_backward ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
                                           : TileConfig{p.variant, 128, 256, 64, 2, 1, Schedule::Cooperative};
   for (size_t i = 0; i < candidates.size(); ++i) {
     const TileConfig& c = candidates[i];
@@ -80,6 +84,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
+  if (choice.index < 0) return choice;  // nothing compiled serves p
   const bool pingpong = candidates[choice.index].schedule == Schedule::Pingpong;
   if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;

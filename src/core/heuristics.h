@@ -49,7 +49,7 @@ struct LaunchChoice {
 // Measured rules first (docs/perf-notes.md, "v2"): a short reduction (ragged M: k <= 3072;
 // ragged K: <= 1536 rows per group on average, since skew deepens some groups; n <= 3072
 // for both) runs the 128x128 pingpong kernel, whose epilogue overlaps the other warpgroup's
-// mainloop; longer ones the 128x256 cooperative kernel. Tall groups (rows per group >= n),
+// mainloop; longer ones, and every fused activation backward, the 128x256 cooperative kernel. Tall groups (rows per group >= n),
 // and every pingpong launch (never slower so, faster under skew), walk tiles along n,
 // keeping the expert's weight in L2 while rows stream past. Falls back
 // to the cost model when the preferred kernel is not compiled for the variant, and for

@@ -93,3 +93,29 @@ TEST(ChooseLaunch, FallsBackToTheCostModelWhenThePreferredKernelIsMissing) {
 }
 
 }  // namespace
+
+namespace {
+
+// The fused activation kernels are one per activation: a problem only sees its own.
+TEST(ChooseActivation, OnlyTheProblemsActivationServesAndTheBackwardGetsTheBigTile) {
+  std::vector<TileConfig> candidates;
+  for (Act act : {Act::SwigluOai, Act::Geglu}) {
+    for (const TileConfig& base : {kCoop, kPong}) {
+      TileConfig c = base;
+      c.variant = KernelVariant::GluBwd_BCol;
+      c.act = act;
+      candidates.push_back(c);
+    }
+  }
+  // GPT-OSS-20B down-projection input gradient: a short reduction (k = 2880), which plain
+  // GEMMs run on the 128x128 pingpong kernel; the fused backward takes 128x256.
+  GroupedProblem p{KernelVariant::GluBwd_BCol, 98304, 2880, 2880, 32, Act::Geglu};
+  const LaunchChoice choice = choose_launch(p, candidates, 132);
+  ASSERT_GE(choice.index, 0);
+  EXPECT_EQ(candidates[choice.index].act, Act::Geglu);
+  EXPECT_EQ(candidates[choice.index].schedule, Schedule::Cooperative);
+  p.act = Act::Srelu;  // not compiled here
+  EXPECT_EQ(choose_launch(p, candidates, 132).index, -1);
+}
+
+}  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "cute_moe/grouped_gemm.h"
 #include "kernel_registry.h"
@@ -14,9 +15,10 @@ using namespace cute_moe;
 TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
   const auto& reg = detail::kernel_registry();
   ASSERT_FALSE(reg.empty());
-  std::set<std::pair<int, std::string>> seen;
+  std::set<std::tuple<int, int, std::string>> seen;
   for (const auto& e : reg) {
-    EXPECT_TRUE(seen.insert({static_cast<int>(e.config.variant), e.name}).second) << e.name;
+    EXPECT_TRUE(seen.insert({static_cast<int>(e.config.variant), static_cast<int>(e.config.act), e.name}).second)
+        << e.name;
     EXPECT_NE(e.launch, nullptr);
     EXPECT_NE(e.workspace_size, nullptr);
   }

@@ -19,5 +19,6 @@ def pytest_configure(config):
             raise RuntimeError(f"CUTE_MOE_REQUIRE_LIBRARY=1 but the op library is not loaded: {_library._load_error}")
         import torch
 
-        if not all(hasattr(torch.ops.cute_moe, op) for op in ("grouped_mm_swiglu", "grouped_mm_act")):
-            raise RuntimeError("CUTE_MOE_REQUIRE_LIBRARY=1 but the op library lacks the fused activation ops")
+        wanted = ("grouped_mm_swiglu", "grouped_mm_act", "gather_rows", "gather_sum_rows", "gather_rows_dot")
+        if not all(hasattr(torch.ops.cute_moe, op) for op in wanted):
+            raise RuntimeError(f"CUTE_MOE_REQUIRE_LIBRARY=1 but the op library lacks one of {wanted}")

@@ -95,12 +95,15 @@ def test_torch_compile_fullgraph(activation):
     torch._dynamo.reset()
     leaves, offs = make_block(48, 32, 16, 4, activation, bias=True, prob=True, scale=True)
 
-    def step(leaves):
-        out = run_ours(leaves, offs, activation)
+    def forward(leaves):
+        return run_ours(leaves, offs, activation)
+
+    def step(fn):
+        out = fn(leaves)  # the compiled graph carries its backward (AOT autograd)
         return out, torch.autograd.grad(out.float().sum(), list(leaves.values()))
 
-    out, grads = torch.compile(step, fullgraph=True, backend="aot_eager")(leaves)
-    out_eager, grads_eager = step(leaves)
+    out, grads = step(torch.compile(forward, fullgraph=True, backend="aot_eager"))
+    out_eager, grads_eager = step(forward)
     torch.testing.assert_close(out, out_eager)
     for a, b in zip(grads, grads_eager):
         torch.testing.assert_close(a, b)

@@ -1,0 +1,168 @@
+# Measurement of one MoE layer config for `python -m cute_moe.bench`: cute_moe.nn.MoE
+# against the torchtitan-style ReferenceMoE (torch._grouped_mm, unfused elementwise and
+# index_add combine) holding the very same parameter tensors, on the same inputs in the
+# same process. Forward and backward are timed separately with CUDA events.
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..nn import MoE
+from ..reference_moe import ReferenceMoE
+from ..testing import rel_error
+from .configs import BenchConfig
+
+__all__ = ["AGREE_TOL", "CHECKED_GRADS", "time_ms", "run_config"]
+
+# The baseline rounds to bf16 more often (after each GEMM, the bias, inside the
+# activation, the prob scaling and the index_add), so the two differ by more than either
+# does from an fp32 ground truth (the GPU tests check that, at 1e-2).
+AGREE_TOL = 2e-2
+# Gradients held to AGREE_TOL under --check; the others (router, biases) are reported:
+# the baseline sums bias gradients through a bf16 row-gather backward (errors of several %
+# at thousands of rows per expert) and the router gradient through those.
+CHECKED_GRADS = ("x", "experts.gate_up_proj", "experts.down_proj")
+
+Progress = Callable[[str], None]
+
+
+class _Clock:
+    """Start/stop marks: CUDA events on the current stream (the GPU time between them),
+    or wall-clock time on the CPU (--cpu-smoke only)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.marks = []
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append([ev, None])
+        else:
+            self.marks.append([time.perf_counter(), None])
+
+    def stop(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks[-1][1] = ev
+        else:
+            self.marks[-1][1] = time.perf_counter()
+
+    def median_ms(self, skip: int) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in self.marks[skip:]]
+        else:
+            times = [(e - s) * 1e3 for s, e in self.marks[skip:]]
+        return statistics.median(times)
+
+
+def time_ms(fn, reps: int, warmup: int, cuda: bool = True) -> float:
+    """Median time of fn() over `reps` calls after `warmup` untimed ones."""
+    clock = _Clock(cuda)
+    for _ in range(warmup + reps):
+        clock.start()
+        fn()
+        clock.stop()
+    return clock.median_ms(warmup)
+
+
+def backward_ms(forward, backward, reps: int, warmup: int, cuda: bool = True) -> float:
+    """Median time of backward(out) alone, each after an untimed out = forward(): the
+    events bracket only the backward's kernels."""
+    clock = _Clock(cuda)
+    for _ in range(warmup + reps):
+        out = forward()
+        clock.start()
+        backward(out)
+        clock.stop()
+        del out
+    return clock.median_ms(warmup)
+
+
+def peak_bytes(fn, cuda: bool) -> int | None:
+    """Peak allocated memory above what was allocated before, during one fn()."""
+    if not cuda:
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def build(cfg: BenchConfig, device, seed: int, cpu_smoke: bool = False):
+    """(ours, baseline, x, dy): the two layers share every parameter tensor."""
+    torch.manual_seed(seed)
+    bf16 = torch.bfloat16
+    ours = MoE(**cfg.moe_kwargs(), dtype=bf16, device=device).train()
+    # on the CPU torch._grouped_mm has no backward for empty groups: the loop instead
+    base = ReferenceMoE.like(ours, impl="loop" if cpu_smoke else "grouped_mm").train()
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    x = torch.randn(cfg.tokens, cfg.hidden, device=device, generator=gen).to(bf16)
+    dy = torch.randn(cfg.tokens, cfg.hidden, device=device, generator=gen).to(bf16)
+    return ours, base, x.requires_grad_(), dy
+
+
+def _measure(block, x, inputs, dy, reps, warmup, cuda, say: Progress, label: str) -> dict:
+    def forward():
+        return block(x)
+
+    def backward(out):
+        return torch.autograd.grad(out, inputs, dy)
+
+    say(f"{label}: forward")
+    fwd = time_ms(forward, reps, warmup, cuda)
+    say(f"{label}: backward")
+    bwd = backward_ms(forward, backward, reps, warmup, cuda)
+    say(f"{label}: peak memory")
+    peak = peak_bytes(lambda: backward(forward()), cuda)
+    return dict(fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=fwd + bwd, peak_bytes=peak)
+
+
+def run_config(cfg: BenchConfig, *, reps: int, warmup: int, seed: int, check: bool,
+               say: Progress, device="cuda", cpu_smoke: bool = False) -> dict:
+    """One table row: times, TFLOP/s and peak memory of both layers, and how far apart
+    their outputs (and with check, gradients) are."""
+    cuda = not cpu_smoke
+    ours, base, x, dy = build(cfg, device, seed, cpu_smoke)
+    names = ["x"] + [n for n, _ in ours.named_parameters()]
+    inputs = [x] + [p for _, p in ours.named_parameters()]
+    assert {id(p) for p in base.parameters()} <= {id(p) for p in inputs}, "weights not shared"
+
+    say("checking that both layers agree")
+    diff = {}
+    out_ours, out_base = ours(x), base(x)
+    diff["out"] = rel_error(out_ours, out_base)
+    if check:
+        g_ours = torch.autograd.grad(out_ours, inputs, dy)
+        g_base = torch.autograd.grad(out_base, inputs, dy)
+        for n, a, b in zip(names, g_ours, g_base):
+            diff[f"d{n}"] = rel_error(a, b)
+        del g_ours, g_base
+    del out_ours, out_base
+
+    res = {"ours": _measure(ours, x, inputs, dy, reps, warmup, cuda, say, "cute-moe"),
+           "torch": _measure(base, x, inputs, dy, reps, warmup, cuda, say, "torchtitan-style")}
+    fwd_flops, bwd_flops = cfg.flops()
+    row = dict(config=cfg.to_dict(), rows=cfg.rows, fwd_flops=fwd_flops, bwd_flops=bwd_flops,
+               rel_diff=diff)
+    for impl, r in res.items():
+        for k, v in r.items():
+            row[f"{impl}_{k}"] = v
+        row[f"{impl}_fwd_tflops"] = fwd_flops / r["fwd_ms"] / 1e9
+        row[f"{impl}_bwd_tflops"] = bwd_flops / r["bwd_ms"] / 1e9
+    for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms"):
+        row[f"speedup_{k[:-3]}"] = row[f"torch_{k}"] / row[f"ours_{k}"]
+    row["mismatch"] = {k: v for k, v in diff.items()
+                       if (k == "out" or k[1:] in CHECKED_GRADS) and not v <= AGREE_TOL}
+    del ours, base, x, dy
+    if cuda:
+        torch.cuda.empty_cache()
+    return row

@@ -1,0 +1,73 @@
+# Dispatch and combine of an MoE layer: the routing metadata that sorts routed rows by
+# expert, built on the device with no host synchronisation (so a whole training step
+# can be captured in a CUDA graph and replayed with other routing), and the row
+# gather / deterministic gather-sum of cute_moe.permute taking that metadata.
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..permute import permute as _gather_rows
+from ..permute import unpermute as _combine_rows
+
+__all__ = ["Dispatch", "sort_by_expert", "tokens_per_expert", "permute", "unpermute"]
+
+
+class Dispatch(NamedTuple):
+    row_token: torch.Tensor   # (M,) int32: token of routed row r (rows sorted by expert)
+    token_rows: torch.Tensor  # (T, k) int32: routed row of (token t, choice j)
+    offs: torch.Tensor        # (E,) int32: cumulative end row of each expert
+    prob: torch.Tensor | None  # (M,): router weight of each routed row, or None
+
+
+def sort_by_expert(experts: torch.Tensor, num_experts: int,
+                   weights: torch.Tensor | None = None) -> Dispatch:
+    """Routing metadata for experts (T, k) (the expert of every token's choices) and,
+    optionally, weights (T, k) (the router weight of each choice; the returned prob
+    stays differentiable with respect to it).
+
+    Routed row r = j-th choice of token t, M = T * k rows, sorted by expert with a
+    stable sort so that each expert's rows keep token order (deterministic, and the
+    order torchtitan's dispatcher produces). offs[e] = number of rows with expert <= e
+    (searchsorted on the sorted ids, so empty experts cost nothing). Device work only:
+    no .item(), no data-dependent shapes."""
+    if experts.dim() != 2:
+        raise ValueError(f"sort_by_expert: experts: expected a (T, k) tensor, got shape "
+                         f"{tuple(experts.shape)}")
+    if weights is not None and weights.shape != experts.shape:
+        raise ValueError(f"sort_by_expert: weights: expected shape {tuple(experts.shape)} "
+                         f"(experts'), got {tuple(weights.shape)}")
+    t, k = experts.shape
+    m, dev = t * k, experts.device
+    flat = experts.reshape(-1)
+    sorted_ids, order = torch.sort(flat, stable=True)
+    row_token = torch.div(order, k, rounding_mode="floor").to(torch.int32)
+    token_rows = torch.empty(m, dtype=torch.int32, device=dev).scatter_(
+        0, order, torch.arange(m, dtype=torch.int32, device=dev)).view(t, k)
+    offs = torch.searchsorted(sorted_ids, torch.arange(num_experts, dtype=sorted_ids.dtype,
+                                                        device=dev), right=True, out_int32=True)
+    prob = None if weights is None else weights.reshape(-1).gather(0, order)
+    return Dispatch(row_token, token_rows, offs, prob)
+
+
+def tokens_per_expert(offs: torch.Tensor) -> torch.Tensor:
+    """Rows per expert (E,) int32 from cumulative end offsets, on the device."""
+    return torch.diff(offs, prepend=offs.new_zeros(1))
+
+
+# --- row gather and combine ------------------------------------------------------------
+# cute_moe.permute's gathers: deterministic (no atomics, fp32 sums in choice order),
+# sync-free on bf16 CUDA tensors, its references for other dtypes.
+
+def permute(x: torch.Tensor, d: Dispatch) -> torch.Tensor:
+    """Routed rows sorted by expert: x_sorted[r] = x[row_token[r]], (M, H). Differentiable
+    (the gradient sums each token's k rows in a fixed order)."""
+    return _gather_rows(x, d.row_token, d.token_rows)
+
+
+def unpermute(y: torch.Tensor, d: Dispatch, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Combine: out[t] = sum_j weight[t, j] * y[token_rows[t, j]] (weight 1 when None),
+    (T, H) in y's dtype, summed in fp32 in choice order (deterministic). Differentiable
+    with respect to y and weight."""
+    return _combine_rows(y, d.token_rows, d.row_token, weight)
