@@ -2,30 +2,19 @@
 // rule the vectorised kernels rely on, with messages that carry the actual values. The
 // index values are data, checked on the device by the kernels.
 #include <cstdint>
-#include <sstream>
 #include <string>
 
+#include "arg_rules.h"
 #include "cute_moe/permute.h"
 
 namespace cute_moe {
 
 namespace {
 
-// Collects the first failed rule as an error Result.
-class Rules {
+// The rules of this file's API (arg_rules.h collects the first broken one).
+class Rules : public detail::ArgRules<Rules> {
  public:
-  explicit Rules(const char* op) : op_(op) {}
-
-  template <typename... Parts>
-  Rules& require(bool ok, const Parts&... parts) {
-    if (!ok && result_.ok()) {
-      std::ostringstream msg;
-      msg << op_ << ": ";
-      (msg << ... << parts);
-      result_ = Result::error(Status::kInvalidArgument, msg.str());
-    }
-    return *this;
-  }
+  using ArgRules::ArgRules;
 
   Rules& count(const char* name, int64_t v) { return require(v >= 0, name, " must be >= 0, got ", name, "=", v); }
 
@@ -51,11 +40,6 @@ class Rules {
                    p);
   }
 
-  Result result() const { return result_; }
-
- private:
-  const char* op_;
-  Result result_;
 };
 
 }  // namespace

@@ -2,11 +2,11 @@
 // before anything is enqueued, with messages that carry the actual values.
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include <cmath>
 
+#include "arg_rules.h"
 #include "cute_moe/fused_glu.h"
 
 namespace cute_moe {
@@ -34,21 +34,10 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-// Collects the first failed rule as an error Result.
-class Checker {
+// The rules of this file's API (arg_rules.h collects the first broken one).
+class Checker : public detail::ArgRules<Checker> {
  public:
-  explicit Checker(const char* op) : op_(op) {}
-
-  template <typename... Parts>
-  Checker& require(bool ok, const Parts&... parts) {
-    if (!ok && result_.ok()) {
-      std::ostringstream msg;
-      msg << op_ << ": ";
-      (msg << ... << parts);
-      result_ = Result::error(Status::kInvalidArgument, msg.str());
-    }
-    return *this;
-  }
+  using ArgRules::ArgRules;
 
   Checker& group_count(int32_t num_groups) {
     return require(num_groups >= 1 && num_groups <= kMaxGroups, "num_groups must be in [1, ", kMaxGroups,
@@ -76,11 +65,6 @@ class Checker {
                    static_cast<const void*>(p));
   }
 
-  Result result() const { return result_; }
-
- private:
-  const char* op_;
-  Result result_;
 };
 
 }  // namespace
