@@ -28,6 +28,7 @@ if [ "$mode" = --bench ]; then
   "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.11.0') else 1)" 2>/dev/null ||
     "$PYTHON" -m pip install -q "$(grep '^torch==' requirements-dev.txt)"
   "$PYTHON" -m pip install -q "$(grep '^wheel==' requirements-dev.txt)"
+  "$PYTHON" -m pip install -q -r requirements-bench.txt
 else
   "$PYTHON" -m pip install -q -r requirements-dev.txt
 fi

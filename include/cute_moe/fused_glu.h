@@ -5,8 +5,8 @@
 //
 // Gated activations read the up-projection's columns interleaved: column 2j is gate j,
 // column 2j+1 is linear j (the HF GPT-OSS layout; cute_moe.repack converts [gate | linear]
-// halves), so the up-projection is 2I wide and h is I wide. Non-gated ones (srelu) map
-// each column to one: both are I wide. Conventions and guarantees as in grouped_gemm.h
+// halves), so the up-projection is 2I wide and h is I wide. Non-gated ones (srelu, none)
+// map each column to one: both are I wide. Conventions and guarantees as in grouped_gemm.h
 // (device-side offs, no host sync, validation with messages, padding rows zero in every
 // output).
 #pragma once
@@ -20,10 +20,11 @@ enum class GluActivation {
   kSwiglu,     // h = silu(g) * u (same optional clamps)
   kGeglu,      // h = gelu_tanh(g) * u (same optional clamps)
   kSrelu,      // h = relu(a)^2, not gated (no limit)
+  kNone,       // h = a, not gated (no limit); glu_backward only: the forward is ragged_m_gemm
 };
 
 // Whether the activation reads (gate, linear) pairs.
-inline bool is_gated(GluActivation a) { return a != GluActivation::kSrelu; }
+inline bool is_gated(GluActivation a) { return a != GluActivation::kSrelu && a != GluActivation::kNone; }
 
 struct GluOptions {
   GluActivation activation = GluActivation::kSwigluOai;

@@ -123,12 +123,16 @@ def _param_grads(a, dy, offs, w, need_w, bias_dtype, scale=None, need_scale=Fals
 class _UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up, scale_up) -> (h, pre). Backward takes the gradient of pre
     (from _DownProj) and, when h also feeds something else, adds the activation's backward
-    of h's gradient computed from pre, recomputed."""
+    of h's gradient computed from pre, recomputed. With h_differentiable False (expert_ffn,
+    where h only feeds _DownProj) h is marked non-differentiable, so no gradient of h
+    exists to handle, under torch.compile too."""
 
     @staticmethod
-    def forward(ctx, x, w, offs, bias, scale, act):
+    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable):
         h, pre = _act_fwd(x, w, offs, bias, scale, act)
         ctx.set_materialize_grads(False)
+        if not h_differentiable:
+            ctx.mark_non_differentiable(h)
         ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
         # pre is NOT kept here: in the fused route _DownProj keeps it and frees it after its
@@ -143,28 +147,28 @@ class _UpProj(torch.autograd.Function):
         x, w, offs, bias, scale = ctx.saved_tensors
         act = ctx.act
         dpre = grad_pre
-        # h took gradient outside the fused route. Under torch.compile, which traces this
-        # backward without knowing whether grad_h is None, the fused pairing is assumed (h
-        # never leaves expert_ffn; see grouped_mm_downproj for the seed API).
-        if grad_h is not None and not torch.compiler.is_compiling():
+        # h took gradient outside the fused route (the seed API's swiglu_out used twice).
+        # torch.compile may hand a zero grad_h here rather than None: still correct.
+        if grad_h is not None:
             pre = _act_fwd(x, w, offs, bias, scale, act)[1]  # same bits as the forward's
             d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
-            return (None,) * 6
+            return (None,) * 7
         dpre = dpre.contiguous()
         need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
-        return dx, dw, None, db, dscale, None
+        return dx, dw, None, db, dscale, None, None
 
 
 class _DownProj(torch.autograd.Function):
     """(h, W_down, offs, b_down, pre, prob, scale_down) -> out = prob[r] * (scale_down[e] *
     (h @ W_down[e]) + b_down[e]). Keeps pre, not h: backward gets (dpre, prob * h, dprob)
     from one fused GEMM and returns dpre as pre's gradient and none for h (the gradient h
-    would get reaches the same leaves through pre)."""
+    would get reaches the same leaves through pre). For "none", h is pre (the same
+    tensor is passed twice)."""
 
     @staticmethod
     def forward(ctx, h, w, offs, bias, pre, prob, scale, act):
@@ -184,7 +188,11 @@ class _DownProj(torch.autograd.Function):
         act = ctx.act
         dy = dy.contiguous()
         dpre = hp = dprob = None
-        if need_pre or need_prob:
+        if act.name == "none" and prob is None:  # a plain input gradient; h is pre
+            if need_pre:
+                dpre = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale)
+            hp = pre
+        elif need_pre or need_prob:
             dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, bias,
                                        need_prob, act)
             if not need_prob:
@@ -200,40 +208,23 @@ class _DownProj(torch.autograd.Function):
 
 
 class _ScaledMM(torch.autograd.Function):
-    """y = prob[r] * (scale[e] * (x @ w[e]) + bias[e]), unfused backward (the 'none'
-    activation's projections)."""
+    """y = scale[e] * (x @ w[e]) + bias[e] (the "none" activation's up projection)."""
 
     @staticmethod
-    def forward(ctx, x, w, offs, bias, scale, prob):
+    def forward(ctx, x, w, offs, bias, scale):
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.save_for_backward(x, w, offs, bias, scale, prob)
-        return _scaled_mm(x, w, offs, bias, scale, prob)
+        ctx.save_for_backward(x, w, offs, scale)
+        return _scaled_mm(x, w, offs, bias, scale)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w, offs, bias, scale, prob = ctx.saved_tensors
-        need_x, need_w, _, need_b, need_scale, need_prob = ctx.needs_input_grad[:6]
+        x, w, offs, scale = ctx.saved_tensors
+        need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
         dy = dy.contiguous()
-        dx = dprob = None
-        if need_prob:  # dprob = dy . (scale * x @ w + bias) = scale * x . (dy @ w^T) + dy . bias
-            from .reference import rows_to_groups
-            groups = rows_to_groups(offs, x.shape[0])
-            u = _mm(dy, w.transpose(-2, -1), offs).to(torch.float32)
-            s_row = torch.cat([scale, scale.new_ones(1)])[groups] if scale is not None else None
-            su = u * s_row[:, None] if s_row is not None else u
-            dprob = (su * x.to(torch.float32)).sum(-1)
-            if bias is not None:
-                b_row = torch.cat([bias, bias.new_zeros(1, bias.shape[1])])[groups]
-                dprob = dprob + (dy.to(torch.float32) * b_row.to(torch.float32)).sum(-1)
-            dprob = dprob.to(prob.dtype)
-            if need_x:
-                dx = (su * prob[:, None]).to(x.dtype)
-        elif need_x:
-            dx = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale, prob)
-        dz = dy if prob is None else (dy.to(torch.float32) * prob[:, None]).to(dy.dtype)
-        dw, db, dscale = _param_grads(x, dz, offs, w, need_w, ctx.bias_dtype if need_b else None,
+        dx = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale) if need_x else None
+        dw, db, dscale = _param_grads(x, dy, offs, w, need_w, ctx.bias_dtype if need_b else None,
                                       scale, need_scale)
-        return dx, dw, None, db, dscale, dprob
+        return dx, dw, None, db, dscale
 
 
 _DEFAULT = object()
@@ -289,10 +280,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_scales(op, "scale_up", scale_up, num_experts, "one per expert", "x", x)
     check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
     act = _Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
-    if activation == "none":
-        h = _ScaledMM.apply(x, w_up, offs, b_up, scale_up, None)
-        return _ScaledMM.apply(h, w_down, offs, b_down, scale_down, prob)
-    h, pre = _UpProj.apply(x, w_up, offs, b_up, scale_up, act)
+    if activation == "none":  # h = pre: the down projection keeps h as its "pre"
+        h = _ScaledMM.apply(x, w_up, offs, b_up, scale_up)
+        return _DownProj.apply(h, w_down, offs, b_down, h, prob, scale_down, act)
+    h, pre = _UpProj.apply(x, w_up, offs, b_up, scale_up, act, False)
     return _DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act)
 
 
@@ -347,7 +338,7 @@ def grouped_mm_swiglu(x: torch.Tensor, W_up: torch.Tensor, offs: torch.Tensor,
     check_grouped_mm_swiglu_args(x, W_up, offs, bias, swiglu_alpha, swiglu_limit,
                                  op="grouped_mm_swiglu", names=_UP_NAMES)
     act = _Act("swiglu_oai", float(swiglu_alpha), _float(swiglu_limit))
-    return _UpProj.apply(x, W_up, offs, bias, None, act)
+    return _UpProj.apply(x, W_up, offs, bias, None, act, True)
 
 
 def grouped_mm_downproj(swiglu_out: torch.Tensor, W_down: torch.Tensor, offs: torch.Tensor,

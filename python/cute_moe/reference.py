@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 
 import torch
 
@@ -135,25 +136,6 @@ def swiglu_oai_ref(pre: torch.Tensor, alpha: float = 1.702,
     return g * torch.sigmoid(alpha * g) * (u + 1)
 
 
-def swiglu_oai_bwd_ref(dh: torch.Tensor, pre: torch.Tensor, alpha: float = 1.702,
-                       limit: float | None = 7.0) -> torch.Tensor:
-    """Gradient of swiglu_oai_ref with respect to pre, in closed form (design.md 2), for
-    an upstream gradient dh (..., I). Interleaved like pre; float32 (float64 if an input
-    is). The clamps pass gradient inside their closed intervals, as in autograd."""
-    dtype = _math_dtype(dh, pre)
-    p = pre.to(dtype)
-    dh = dh.to(dtype)
-    a, b = p[..., 0::2], p[..., 1::2]
-    g, u = _gate_linear(p, limit)
-    s = torch.sigmoid(alpha * g)
-    da = dh * (u + 1) * (s + alpha * g * s * (1 - s))
-    db = dh * g * s
-    if limit is not None:
-        da = torch.where(a <= limit, da, 0.0)
-        db = torch.where((b >= -limit) & (b <= limit), db, 0.0)
-    return torch.stack((da, db), dim=-1).flatten(-2)
-
-
 def _zero_padding(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     bounds = group_bounds(offs, t.shape[0])
     t[(bounds[-1][1] if bounds else 0):] = 0
@@ -214,13 +196,46 @@ def act_ref(pre: torch.Tensor, activation: str = "swiglu", alpha: float = 1.702,
 
 def act_bwd_ref(dh: torch.Tensor, pre: torch.Tensor, activation: str = "swiglu",
                 alpha: float = 1.702, limit: float | None = None) -> torch.Tensor:
-    """The gradient of act_ref with respect to pre for an upstream gradient dh, by PyTorch
-    autograd of act_ref (so clamp masks are autograd's); float32 (float64 if an input is)."""
+    """The gradient of act_ref with respect to pre for an upstream gradient dh, in closed
+    form (design.md 2): float32 (float64 if an input is), interleaved like pre for the
+    gated activations. The clamps pass gradient inside their closed intervals, as autograd
+    does. Closed form rather than autograd of act_ref: the op library's CPU kernels call
+    this below the autograd dispatch key, where autograd records nothing."""
     dtype = _math_dtype(dh, pre)
-    with torch.enable_grad():
-        p = pre.detach().to(dtype).requires_grad_()
-        (grad,) = torch.autograd.grad(act_ref(p, activation, alpha, limit), p, dh.detach().to(dtype))
-    return grad
+    p = pre.to(dtype)
+    dh = dh.to(dtype)
+    if activation not in GATED_ACTIVATIONS:
+        if activation == "srelu":
+            return dh * 2 * torch.relu(p)
+        if activation == "none":
+            return dh.clone()
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    a, b = p[..., 0::2], p[..., 1::2]
+    g, u = _gate_linear(p, limit)
+    if activation == "swiglu_oai":
+        s = torch.sigmoid(alpha * g)
+        da = dh * (u + 1) * (s + alpha * g * s * (1 - s))
+        db = dh * g * s
+    elif activation == "swiglu":
+        s = torch.sigmoid(g)
+        da = dh * u * (s + g * s * (1 - s))
+        db = dh * g * s
+    else:  # geglu: gelu_tanh(g) = g/2 (1 + tanh(k)), k = sqrt(2/pi) (g + 0.044715 g^3)
+        c = math.sqrt(2.0 / math.pi)
+        t = torch.tanh(c * (g + 0.044715 * g ** 3))
+        dgelu = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g)
+        da = dh * u * dgelu
+        db = dh * 0.5 * g * (1 + t)
+    if limit is not None:
+        da = torch.where(a <= limit, da, 0.0)
+        db = torch.where((b >= -limit) & (b <= limit), db, 0.0)
+    return torch.stack((da, db), dim=-1).flatten(-2)
+
+
+def swiglu_oai_bwd_ref(dh: torch.Tensor, pre: torch.Tensor, alpha: float = 1.702,
+                       limit: float | None = 7.0) -> torch.Tensor:
+    """Gradient of swiglu_oai_ref with respect to pre (act_bwd_ref of "swiglu_oai")."""
+    return act_bwd_ref(dh, pre, "swiglu_oai", alpha, limit)
 
 
 def rows_to_groups(offs: torch.Tensor, m: int) -> torch.Tensor:

@@ -118,4 +118,16 @@ struct SquaredRelu {
   }
 };
 
+// h = a: the "none" activation. Only its backward is fused (the forward is a plain
+// scaled GEMM): it gives the down projection's dgrad the router-probability gradient and
+// p * h in the epilogue, as for the other activations.
+struct Identity {
+  static constexpr bool kGated = false;
+  CUTE_MOE_HOST_DEVICE static float forward(float a, const GluParams&) { return a; }
+  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const GluParams&, float& da) {
+    da = dh;
+    return a;
+  }
+};
+
 }  // namespace cute_moe::detail

@@ -13,6 +13,7 @@ template <> struct ActFunctor<Act::SwigluOai> { using type = SwigluOai; };
 template <> struct ActFunctor<Act::Swiglu> { using type = Swiglu; };
 template <> struct ActFunctor<Act::Geglu> { using type = Geglu; };
 template <> struct ActFunctor<Act::Srelu> { using type = SquaredRelu; };
+template <> struct ActFunctor<Act::Identity> { using type = Identity; };
 
 // D = pre = scale[group] * acc + bias[group]; aux = h = act(pre)
 template <class Activation>

@@ -162,6 +162,7 @@ detail::Act act_of(GluActivation a) {
     case GluActivation::kSwiglu: return detail::Act::Swiglu;
     case GluActivation::kGeglu: return detail::Act::Geglu;
     case GluActivation::kSrelu: return detail::Act::Srelu;
+    case GluActivation::kNone: return detail::Act::Identity;
   }
   return detail::Act::None;
 }

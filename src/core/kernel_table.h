@@ -48,16 +48,10 @@
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Swiglu) \
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Geglu) \
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Srelu) \
-  X(GluBwd_BRow,    128, 128,  64, 2, 1, Pingpong,   SwigluOai) \
-  X(GluBwd_BRow,    128, 128,  64, 2, 1, Pingpong,   Swiglu) \
-  X(GluBwd_BRow,    128, 128,  64, 2, 1, Pingpong,   Geglu) \
-  X(GluBwd_BRow,    128, 128,  64, 2, 1, Pingpong,   Srelu) \
+  X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Identity) \
   X(GluBwd_BCol,    128, 256,  64, 2, 1, Cooperative, SwigluOai) \
   X(GluBwd_BCol,    128, 256,  64, 2, 1, Cooperative, Swiglu) \
   X(GluBwd_BCol,    128, 256,  64, 2, 1, Cooperative, Geglu) \
   X(GluBwd_BCol,    128, 256,  64, 2, 1, Cooperative, Srelu) \
-  X(GluBwd_BCol,    128, 128,  64, 2, 1, Pingpong,   SwigluOai) \
-  X(GluBwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Swiglu) \
-  X(GluBwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Geglu) \
-  X(GluBwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Srelu)
+  X(GluBwd_BCol,    128, 256,  64, 2, 1, Cooperative, Identity)
 // clang-format on

@@ -18,10 +18,11 @@ enum class KernelVariant {
   GluBwd_BCol,      //   row_scale * act(pre) as aux, row_scale-gradient partials
 };
 
-// The activation compiled into a GLU variant's epilogue (None for the other variants).
+// The activation compiled into a GLU variant's epilogue (None for the other variants;
+// Identity is the "none" activation's fused backward).
 // A compile-time choice: one kernel per activation keeps each epilogue's code small (a
 // runtime switch made the fused backward instruction-cache bound, docs/perf-notes.md).
-enum class Act { None, SwigluOai, Swiglu, Geglu, Srelu };
+enum class Act { None, SwigluOai, Swiglu, Geglu, Srelu, Identity };
 
 enum class Schedule { Cooperative, Pingpong };
 

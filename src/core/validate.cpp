@@ -107,9 +107,10 @@ namespace {
 
 void check_glu(Checker& c, const GluOptions& g) {
   const int act = static_cast<int>(g.activation);
-  c.require(act >= static_cast<int>(GluActivation::kSwigluOai) && act <= static_cast<int>(GluActivation::kSrelu),
+  c.require(act >= static_cast<int>(GluActivation::kSwigluOai) && act <= static_cast<int>(GluActivation::kNone),
             "unknown activation ", act);
-  c.require(is_gated(g.activation) || !g.has_limit, "srelu takes no clamp limit (has_limit must be false)");
+  c.require(is_gated(g.activation) || !g.has_limit,
+            "srelu and none take no clamp limit (has_limit must be false)");
   c.require(std::isfinite(g.alpha), "the activation's alpha must be finite, got ", g.alpha);
   c.require(!g.has_limit || (std::isfinite(g.limit) && g.limit >= 0), "the activation's limit must be finite and >= 0, got ",
             g.limit);
@@ -122,6 +123,8 @@ Result validate(const GluForwardArgs& a) {
   if (!r.ok()) return r;
   Checker c("glu_forward");
   check_glu(c, a.glu);
+  c.require(a.glu.activation != GluActivation::kNone,
+            "activation none has no fused forward (h = pre: run ragged_m_gemm)");
   const bool gated = is_gated(a.glu.activation);
   c.require(!gated || a.gemm.n % 16 == 0,
             "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=", a.gemm.n);

@@ -21,7 +21,8 @@ GluActivation parse_activation(const std::string& name) {
   if (name == "swiglu") return GluActivation::kSwiglu;
   if (name == "geglu") return GluActivation::kGeglu;
   if (name == "srelu") return GluActivation::kSrelu;
-  TORCH_CHECK(false, "cute_moe: activation must be one of 'swiglu_oai', 'swiglu', 'geglu', 'srelu' (fused), got '",
+  if (name == "none") return GluActivation::kNone;
+  TORCH_CHECK(false, "cute_moe: activation must be one of 'swiglu_oai', 'swiglu', 'geglu', 'srelu', 'none', got '",
               name, "'");
 }
 
@@ -41,6 +42,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
                                                        const std::string& activation, double alpha,
                                                        std::optional<double> limit) {
   const GluOptions opts = glu_options(activation, alpha, limit);
+  TORCH_CHECK(opts.activation != GluActivation::kNone,
+              "cute_moe: grouped_mm_act: activation 'none' has no fused forward (h = pre): use grouped_mm_scaled");
   const bool gated = is_gated(opts.activation);
   check_ragged_m_operands(x, w, offs);
   check_bias(bias, w, x);

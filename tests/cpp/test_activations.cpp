@@ -10,6 +10,7 @@
 namespace {
 
 using cute_moe::detail::GluParams;
+using cute_moe::detail::Identity;
 using cute_moe::detail::SwigluOai;
 
 double reference(double a, double b, double alpha, double limit, bool has_limit) {
@@ -67,6 +68,16 @@ TEST(SwigluOai, NanPropagatesLikeTorchClamp) {
   GluParams p;
   EXPECT_TRUE(std::isnan(SwigluOai::forward(std::numeric_limits<float>::quiet_NaN(), 1.0f, p)));
   EXPECT_TRUE(std::isnan(SwigluOai::forward(1.0f, std::numeric_limits<float>::quiet_NaN(), p)));
+}
+
+TEST(Identity, PassesValuesAndGradientsThrough) {
+  GluParams p;
+  float da = 0.0f;
+  for (float a : {-3.5f, 0.0f, 2.25f}) {
+    EXPECT_EQ(Identity::forward(a, p), a);
+    EXPECT_EQ(Identity::backward(a, 1.5f, p, da), a);
+    EXPECT_EQ(da, 1.5f);
+  }
 }
 
 }  // namespace

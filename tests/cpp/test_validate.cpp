@@ -110,6 +110,9 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   f.gemm.n = f.gemm.ldy = f.gemm.w_stride_k = 2888;  // I = 1444, not a multiple of 8
   f.ldh = 1448;
   expect_rejected(f, "multiple of 16 (I a multiple of 8), got n=2888");
+  f.glu.activation = cute_moe::GluActivation::kNone;  // h = pre: no fused forward
+  f.ldh = f.gemm.n;
+  expect_rejected(f, "activation none has no fused forward");
 
   cute_moe::GluBackwardArgs b;
   b.gemm = valid_m();
@@ -127,6 +130,13 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   b.ldpre = 2 * b.gemm.n;
   b.dpre = nullptr;
   expect_rejected(b, "dpre must not be null");
+  b.dpre = const_cast<void*>(fake(0x90000));
+  b.glu.activation = cute_moe::GluActivation::kNone;  // not gated: pre is n wide
+  b.glu.has_limit = false;
+  b.ldpre = b.lddpre = b.gemm.n;
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b.glu.has_limit = true;
+  expect_rejected(b, "srelu and none take no clamp limit");
 }
 
 TEST(StatusNames, AreReadable) {

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import _ops, reference as ref
+from cute_moe import _ops, reference as ref, testing
 
 from expert_ffn_cases import ACTIVATIONS, check_block, make_block, run_ours
 
@@ -46,6 +46,25 @@ def test_reference_activations_match_their_formulas():
                                g * sig(1.702 * g) * (u + 1))
     torch.testing.assert_close(ref.act_ref(pre, "swiglu", limit=2.0),
                                a.clamp(max=2.0) * sig(a.clamp(max=2.0)) * b.clamp(-2.0, 2.0))
+
+@pytest.mark.parametrize("activation, limit", [("swiglu_oai", 7.0), ("swiglu_oai", None),
+                                               ("swiglu", 2.0), ("swiglu", None),
+                                               ("geglu", 3.0), ("geglu", None),
+                                               ("srelu", None), ("none", None)])
+def test_reference_backward_is_autograd_of_the_activation(activation, limit):
+    """act_bwd_ref (closed form) against autograd of act_ref, with pre values on the
+    clamp bounds and at 0 (where relu's and the clamps' one-sided derivatives differ)."""
+    g = torch.Generator().manual_seed(3)
+    pre = torch.randn(64, 32, dtype=torch.float64, generator=g) * 4
+    edges = torch.tensor([0.0] + ([limit, -limit] if limit else [1.0, -1.0]), dtype=pre.dtype)
+    pre[:8] = edges[torch.randint(len(edges), (8, 32), generator=g)]
+    width = 16 if activation in ref.GATED_ACTIVATIONS else 32
+    dh = torch.randn(64, width, dtype=torch.float64, generator=g)
+    p = pre.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(ref.act_ref(p, activation, 1.702, limit), p, dh)
+    torch.testing.assert_close(ref.act_bwd_ref(dh, pre, activation, 1.702, limit), expected,
+                               rtol=1e-12, atol=1e-12)
+
 
 
 def test_seed_functions_are_the_swiglu_oai_block():
@@ -90,7 +109,7 @@ def test_schemas():
 
 
 @pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
-@pytest.mark.parametrize("activation", ["geglu", "srelu"])
+@pytest.mark.parametrize("activation", ["swiglu_oai", "geglu", "srelu", "none"])
 def test_torch_compile_fullgraph(activation):
     torch._dynamo.reset()
     leaves, offs = make_block(48, 32, 16, 4, activation, bias=True, prob=True, scale=True)
@@ -107,3 +126,19 @@ def test_torch_compile_fullgraph(activation):
     torch.testing.assert_close(out, out_eager)
     for a, b in zip(grads, grads_eager):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+@pytest.mark.parametrize("activation, prob, calls", [
+    # The fused backward gives dprob and prob * h; "none" without prob needs neither.
+    ("swiglu", True, ["grouped_mm_act_bwd"]),
+    ("swiglu", False, ["grouped_mm_act_bwd"]),
+    ("none", True, ["grouped_mm_act_bwd"]),
+    ("none", False, ["grouped_mm_scaled"]),
+])
+def test_down_projection_backward_runs_the_fused_op(activation, prob, calls):
+    leaves, offs = make_block(48, 32, 16, 4, activation, bias=True, prob=prob, scale=True)
+    out = run_ours(leaves, offs, activation)
+    with testing.OpLog() as log:
+        torch.autograd.grad(out.float().sum(), list(leaves.values()))
+    assert log.calls[:len(calls)] == calls, log.calls

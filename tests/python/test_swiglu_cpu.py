@@ -29,6 +29,7 @@ def backend(request, monkeypatch):
     if request.param == "reference":
         monkeypatch.setattr(_ops, "REGISTERED", False)
         monkeypatch.setattr(_ops, "SWIGLU_REGISTERED", False)
+        monkeypatch.setattr(_ops, "ACT_REGISTERED", False)
     return request.param
 
 

@@ -175,7 +175,7 @@ def main(argv=None) -> int:
 
     import cute_moe
 
-    from .report import MATPLOTLIB_PIN, format_table, git_commit, write_json, write_png
+    from .report import format_table, git_commit, write_json, write_png
     from .runner import AGREE_TOL, run_config
 
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
         print(f"wrote {png_path}", file=sys.stderr)
     else:
         print(f"cute_moe.bench: matplotlib is not installed, so no chart was written "
-              f"(pip install {MATPLOTLIB_PIN})", file=sys.stderr)
+              "(pip install -r requirements-bench.txt: the pinned matplotlib)", file=sys.stderr)
     return EXIT_MISMATCH if bad else 0
 
 

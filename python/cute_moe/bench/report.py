@@ -8,9 +8,6 @@ import subprocess
 
 __all__ = ["format_table", "write_json", "write_png", "git_commit"]
 
-MATPLOTLIB_PIN = "matplotlib==3.11.2"
-
-
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
