@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
 
 SHAPES = {  # tokens T, top-k, hidden H, intermediate I, experts E, biases, router probs
     "gpt-oss-20b": dict(tokens=24576, topk=4, hidden=2880, inter=2880, experts=32, bias=True,
@@ -192,8 +191,7 @@ def main(argv=None):
                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
                     reps=args.reps, shapes=SHAPES)
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        write_json(args.json, meta, rows)
     return 1 if bad else 0
 
 

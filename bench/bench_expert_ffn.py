@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, peak_bytes, rel_error, time_ms, write_json
 
 # rows M = tokens * top-k routed rows, hidden H, expert intermediate I (up width 2I), experts E.
 SHAPES = {
@@ -96,16 +95,6 @@ def torchtitan_block(t: dict, offs: torch.Tensor, layout: str):
     return torch._grouped_mm(h, operand(t["W_down"], layout), offs=offs) + t["b_down"][row_expert]
 
 
-def peak_bytes(fn) -> int:
-    """Peak allocated memory above what was allocated before, during one call."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def bench_impl(block, t, offs, dy, layout, reps, warmup) -> dict:
     leaves = list(t.values())
 
@@ -120,7 +109,7 @@ def bench_impl(block, t, offs, dy, layout, reps, warmup) -> dict:
     fwd_ms = time_ms(forward, reps, warmup)
     fwd_bwd_ms = time_ms(forward_backward, reps, warmup)
     return dict(fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms, bwd_ms=fwd_bwd_ms - fwd_ms,
-                peak_bytes=peak_bytes(forward_backward), out=out, grads=grads)
+                peak_bytes=peak_bytes(forward_backward, True), out=out, grads=grads)
 
 
 def bias_grad_errors(t, offs, dy, layout, grads: dict) -> dict:
@@ -286,8 +275,7 @@ def main(argv=None) -> int:
                     git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
                     reps=args.reps, warmup=args.warmup, alpha=ALPHA, limit=LIMIT,
                     shapes={k: SHAPES[k] for k in args.shapes})
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        write_json(args.json, meta, rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import sys
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
 
 # tokens T, hidden H, expert intermediate I, experts E, top-k; up-projection width 2I (GLU).
 SHAPES = {
@@ -226,8 +225,7 @@ def main(argv=None) -> int:
                     git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
                     config=args.config, reps=args.reps, warmup=args.warmup,
                     shapes={k: SHAPES[k] for k in args.shapes})
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        write_json(args.json, meta, rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 

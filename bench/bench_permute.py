@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms
+from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
 
 # tokens T, hidden H, experts E, top-k (M = T*k routed rows).
 SHAPES = {
@@ -152,8 +151,7 @@ def main(argv=None) -> int:
                     cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv), reps=args.reps,
                     warmup=args.warmup, shapes={k: SHAPES[k] for k in args.shapes})
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        write_json(args.json, meta, rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 
