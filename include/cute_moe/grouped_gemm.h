@@ -66,6 +66,13 @@ struct RaggedMGemmArgs {
   const float* row_scale = nullptr;    // optional fp32 (m,)
   void* y = nullptr;  // bf16 (m, n), row stride ldy
   int64_t ldy = 0;
+  // Optional row gather, fused into the load of x (an MoE dispatch's permutation: x holds
+  // the tokens, gather_rows the token of each routed row). Row r of the GEMM reads row
+  // gather_rows[r] of x, which then has x_rows rows. gather_rows: device int32, one per
+  // row below offs[E-1], each in [0, x_rows) (checked on the device, like offs).
+  // glu_forward with a weight of unit stride along n only; null: row r reads x row r.
+  const int32_t* gather_rows = nullptr;
+  int64_t x_rows = 0;
 };
 
 // dw[e] = x[rows_e]^T @ dy[rows_e] for every group e, a (k x n) matrix reduced over the

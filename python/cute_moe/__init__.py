@@ -4,10 +4,11 @@ from . import reference, reference_permute, repack
 from ._library import library_loaded
 from .expert_ffn import expert_ffn, grouped_mm_downproj, grouped_mm_swiglu
 from .functional import grouped_mm
+from .gathered import grouped_mm_act_gathered
 from . import permute  # the module: permute.permute / permute.unpermute
 from . import nn  # noqa: E402  (cute_moe.nn.MoE, GroupedExperts: built on the above)
 
 __version__ = "0.1.0"
 
-__all__ = ["grouped_mm", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "permute",
+__all__ = ["grouped_mm", "grouped_mm_act_gathered", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "permute",
            "library_loaded", "nn", "reference", "reference_permute", "repack", "__version__"]

@@ -168,6 +168,20 @@ def check_grouped_mm_act_args(x, w, offs, bias=None, scale=None, activation="swi
     check_swiglu_params(alpha, limit, op)
 
 
+def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias=None, scale=None,
+                                       activation="swiglu", alpha=1.702, limit=None,
+                                       op: str = "grouped_mm_act_gathered") -> None:
+    """grouped_mm_act's rules for x (T, K) plus rows (M,) int32 on x's device and a weight
+    contiguous along N (the gathered kernel loads B as (E, K, N) row-major)."""
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit, op)
+    _tensor(op, "rows", rows, 1, torch.int32)
+    _same_device(op, "x", x, rows=rows)
+    if w.stride(2) != 1 and w.shape[2] > 1:
+        _fail(op, "w", "w.stride(2) == 1 (an (E, K, N) row-major weight)", f"strides {w.stride()}")
+    if rows.shape[0] > 0 and x.shape[0] == 0:
+        _fail(op, "x", "at least one row to gather from", f"shape {tuple(x.shape)}")
+
+
 def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
                                   prob_grad=False, activation="swiglu", alpha=1.702,
                                   limit=None, op: str = "grouped_mm_act_bwd") -> None:

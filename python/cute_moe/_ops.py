@@ -10,14 +10,15 @@ import torch
 
 from . import _library
 from ._checks import (check_grouped_column_sum_args, check_grouped_mm_act_args,
-                      check_grouped_mm_act_bwd_args, check_grouped_mm_args,
+                      check_grouped_mm_act_bwd_args, check_grouped_mm_act_gathered_args,
+                      check_grouped_mm_args,
                       check_grouped_mm_scaled_args, check_grouped_mm_swiglu_args,
                       check_grouped_mm_swiglu_bwd_args, check_grouped_mm_wgrad_args)
 from .reference import (GATED_ACTIVATIONS, grouped_bias_grad_ref, grouped_mm_act_bwd_ref,
-                        grouped_mm_act_ref, grouped_mm_ref, grouped_mm_scaled_ref,
+                        grouped_mm_act_gathered_ref, grouped_mm_act_ref, grouped_mm_ref, grouped_mm_scaled_ref,
                         grouped_mm_swiglu_bwd_ref, grouped_mm_swiglu_ref, grouped_mm_wgrad_ref)
 
-__all__ = ["REGISTERED", "SWIGLU_REGISTERED", "ACT_REGISTERED"]
+__all__ = ["REGISTERED", "SWIGLU_REGISTERED", "ACT_REGISTERED", "GATHER_REGISTERED"]
 
 SWIGLU_OPS = ("grouped_mm_swiglu", "grouped_mm_swiglu_bwd")
 ACT_OPS = ("grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_scaled")
@@ -81,6 +82,19 @@ def _cpu_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu", 
                         limit=None):
     check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
     return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit)
+
+
+def _fake_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu",
+                                  alpha=1.702, limit=None):
+    check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
+    n, m = w.shape[2], rows.shape[0]
+    return x.new_empty(m, n // 2 if activation in GATED_ACTIVATIONS else n), x.new_empty(m, n)
+
+
+def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu",
+                                 alpha=1.702, limit=None):
+    check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
+    return grouped_mm_act_gathered_ref(x, rows, w, offs, bias, scale, activation, alpha, limit)
 
 
 def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
@@ -205,3 +219,9 @@ if SWIGLU_REGISTERED:
 ACT_REGISTERED = REGISTERED and all(_has_op(name) for name in ACT_OPS)
 if ACT_REGISTERED:
     _register_act()
+# The gathered up projection (the token gather fused into its A load).
+GATHER_REGISTERED = ACT_REGISTERED and _has_op("grouped_mm_act_gathered")
+if GATHER_REGISTERED:
+    torch.library.register_fake("cute_moe::grouped_mm_act_gathered", _fake_grouped_mm_act_gathered)
+    torch.library.register_kernel("cute_moe::grouped_mm_act_gathered", "cpu",
+                                  _cpu_grouped_mm_act_gathered)

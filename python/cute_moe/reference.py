@@ -281,6 +281,15 @@ def grouped_mm_act_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
     return _zero_padding(act_ref(pre, activation, alpha, limit).to(x.dtype), offs), pre
 
 
+def grouped_mm_act_gathered_ref(x: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
+                                offs: torch.Tensor, bias: torch.Tensor | None = None,
+                                scale: torch.Tensor | None = None, activation: str = "swiglu",
+                                alpha: float = 1.702, limit: float | None = None):
+    """cute_moe::grouped_mm_act_gathered: grouped_mm_act_ref over x[rows] (routed row r is
+    token row rows[r] of x). Returns (h, pre). Differentiable."""
+    return grouped_mm_act_ref(x[rows.long()], w, offs, bias, scale, activation, alpha, limit)
+
+
 def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                            pre: torch.Tensor, scale: torch.Tensor | None = None,
                            prob: torch.Tensor | None = None,

@@ -1,5 +1,6 @@
 // The fused activation kernel variants of kernel_table.h (GluFwd_*, GluBwd_*): their
-// epilogue trees and operand traits, one kernel per activation. Only the GLU translation
+// epilogue trees and operand traits, one kernel per activation (GluFwdGather_*:
+// gather_variants.cuh). Only the GLU translation
 // units include this, so changes here do not recompile the plain GEMMs.
 #pragma once
 

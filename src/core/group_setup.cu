@@ -25,6 +25,14 @@ __device__ __forceinline__ void require_valid_rows(GroupRows r, int64_t m, int32
   }
 }
 
+__device__ __forceinline__ void require_valid_gather(int32_t source, int64_t row, int64_t x_rows) {
+  if (source < 0 || source >= x_rows) {
+    printf("cute_moe glu_forward: invalid gather_rows[%lld] = %d; row indices must be in [0, x_rows=%lld)\n",
+           static_cast<long long>(row), source, static_cast<long long>(x_rows));
+    __trap();
+  }
+}
+
 // Zeroes `rows` rows of `row_bytes` bytes (a multiple of 16) at `base` with row pitch
 // `pitch_bytes`, spreading the 16-byte words over the threads in [first, first + count).
 __device__ __forceinline__ void zero_rows(char* base, int64_t rows, int64_t row_bytes, int64_t pitch_bytes,
@@ -46,7 +54,9 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupA
       const GroupRows r = group_rows(a.offs, e);
       require_valid_rows(r, a.m, e, "ragged_m_gemm");
       ragged_m_problem(r, a.n, a.k, g.problem_shapes + 3 * e);
-      g.a[e] = static_cast<const char*>(a.x) + r.begin * a.ldx * kElem;
+      // gathered: the GEMM reads x through the group's row indices
+      g.a[e] = static_cast<const char*>(a.x) + (a.gather_rows != nullptr ? 0 : r.begin * a.ldx * kElem);
+      if (a.gather_rows != nullptr) g.gather_rows[e] = a.gather_rows + r.begin;
       g.b[e] = static_cast<const char*>(a.w) + e * a.w_stride_group * kElem;
       g.d[e] = static_cast<char*>(a.y) + r.begin * a.ldy * x.y_elem_bytes;
       if (g.bias != nullptr) g.bias[e] = static_cast<const char*>(a.bias) + e * a.bias_stride_group * kElem;
@@ -70,6 +80,9 @@ __global__ void ragged_m_setup_kernel(RaggedMGemmArgs a, RaggedMExtras x, GroupA
   used = used < 0 ? 0 : (used > a.m ? a.m : used);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (a.gather_rows != nullptr) {
+    for (int64_t row = thread; row < used; row += threads) require_valid_gather(a.gather_rows[row], row, a.x_rows);
+  }
   zero_rows(static_cast<char*>(a.y) + used * a.ldy * x.y_elem_bytes, a.m - used, a.n * x.y_elem_bytes,
             a.ldy * x.y_elem_bytes, thread, threads);
   if (x.aux != nullptr) {
@@ -109,7 +122,7 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 size_t group_arrays_bytes(int32_t num_groups) {
   const size_t e = static_cast<size_t>(num_groups);
-  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 13 * align_up(8 * e, kArrayAlign);
+  return align_up(3 * sizeof(int32_t) * e, kArrayAlign) + 14 * align_up(8 * e, kArrayAlign);
 }
 
 GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
@@ -136,6 +149,7 @@ GroupArrays carve_group_arrays(void* base, int32_t num_groups) {
   g.ldaux = reinterpret_cast<int64_t*>(take(8 * e));
   g.row_scale = reinterpret_cast<const float**>(take(8 * e));
   g.row_partial = reinterpret_cast<float**>(take(8 * e));
+  g.gather_rows = reinterpret_cast<const int32_t**>(take(8 * e));
   return g;
 }
 

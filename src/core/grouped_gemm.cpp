@@ -55,6 +55,7 @@ const char* variant_name(KernelVariant v) {
     case KernelVariant::RaggedK_OutF32: return "ragged_k (fp32 output)";
     case KernelVariant::GluFwd_BRow: return "glu_forward (weight n-contiguous)";
     case KernelVariant::GluFwd_BCol: return "glu_forward (weight k-contiguous)";
+    case KernelVariant::GluFwdGather_BRow: return "glu_forward (gathered rows, weight n-contiguous)";
     case KernelVariant::GluBwd_BRow: return "glu_backward (weight n-contiguous)";
     case KernelVariant::GluBwd_BCol: return "glu_backward (weight k-contiguous)";
   }
@@ -152,6 +153,7 @@ GroupedProblem problem_of(const RaggedKGemmArgs& a) {
 
 KernelVariant glu_variant(const RaggedMGemmArgs& g, bool forward) {
   const bool row = g.w_stride_n == 1;
+  if (forward && g.gather_rows != nullptr) return KernelVariant::GluFwdGather_BRow;  // validated: row
   if (forward) return row ? KernelVariant::GluFwd_BRow : KernelVariant::GluFwd_BCol;
   return row ? KernelVariant::GluBwd_BRow : KernelVariant::GluBwd_BCol;
 }
@@ -241,6 +243,7 @@ Result run_ragged_m(const RaggedMGemmArgs& args, const detail::RaggedMExtras& ex
   if (args.bias == nullptr) groups.bias = nullptr;  // the epilogue adds zero
   if (args.row_scale == nullptr) groups.row_scale = nullptr;  // the epilogue scales by 1
   if (extras.row_partial == nullptr) groups.row_partial = nullptr;
+  if (args.gather_rows == nullptr) groups.gather_rows = nullptr;
   groups.group_scale = args.group_scale;
   groups.row_partial_stride = args.m;
   cudaError_t err = detail::launch_ragged_m_setup(args, extras, groups, plan.sm_count, stream);

@@ -7,6 +7,8 @@
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
 //                    (one warp), updating the TMA descriptors when the group changes
+//                    (gathered variants: A rows by cp.async in a second warp,
+//                    gather_mainloop.cuh)
 //   warpgroups 1..2  consumers: WGMMA on the smem tiles, then the epilogue
 //                    (Cooperative: both work on one tile; Pingpong: alternate tiles)
 //   scheduler        PersistentTileSchedulerSm90Group: walks the groups' tiles reading
@@ -82,13 +84,23 @@ struct RaggedKEpilogue {
   }
 };
 
-// --- Variants: operand layouts, output type and epilogue of each kernel_table.h variant.
-template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_>
+// --- Mainloops: the collective CUTLASS's builder makes, unless a variant wraps it (the
+// gathered A load of gather_mainloop.cuh), and the wrap's own arguments.
+struct BuiltMainloop {
+  template <class Built>
+  using type = Built;
+  template <class Args>
+  static void set_arguments(Args&, const GroupArrays&) {}
+};
+
+// --- Variants: operand layouts, output type, epilogue and mainloop of each kernel_table.h variant.
+template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_, class Mainloop_ = BuiltMainloop>
 struct Traits {
   using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
   using ElementD = ElementD_;
   using Epilogue = Epilogue_;
+  using Mainloop = Mainloop_;
 };
 using RowMajor = cutlass::layout::RowMajor;
 using ColMajor = cutlass::layout::ColumnMajor;
@@ -132,12 +144,13 @@ struct GroupedGemmTypes {
       ElementC, LayoutD*, kAlignC,
       ElementD, LayoutD*, kAlignD, EpilogueSchedule, EpilogueTree>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltCollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Traits::LayoutA*, kAlignAB,
       ElementAB, typename Traits::LayoutB*, kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
+  using CollectiveMainloop = typename Traits::Mainloop::template type<BuiltCollectiveMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -159,12 +172,17 @@ struct GroupedGemmTypes {
     hw.device_id = ctx.device;
     hw.sm_count = ctx.sm_count;
     using ElementCPtr = std::conditional_t<std::is_void_v<ElementC>, const void**, const ElementC**>;
+    typename CollectiveMainloop::Arguments mainloop{};
+    mainloop.ptr_A = reinterpret_cast<const ElementAB**>(g.a);
+    mainloop.dA = reinterpret_cast<StrideA*>(g.lda);
+    mainloop.ptr_B = reinterpret_cast<const ElementAB**>(g.b);
+    mainloop.dB = reinterpret_cast<StrideB*>(g.ldb);
+    Traits::Mainloop::set_arguments(mainloop, g);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {g.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes),
          nullptr},  // no host copy of the shapes: the scheduler reads them on the device
-        {reinterpret_cast<const ElementAB**>(g.a), reinterpret_cast<StrideA*>(g.lda),
-         reinterpret_cast<const ElementAB**>(g.b), reinterpret_cast<StrideB*>(g.ldb)},
+        mainloop,
         {{}, reinterpret_cast<ElementCPtr>(g.c), reinterpret_cast<StrideC*>(g.ldc),
          reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
         hw};

@@ -45,6 +45,9 @@ struct GroupArrays {
   // go (one per row and tile column, tile columns row_partial_stride floats apart).
   float** row_partial = nullptr;
   int64_t row_partial_stride = 0;
+  // Gathered A (GluFwdGather_*): per group, a pointer to its first row's index into x (a
+  // then points at x itself).
+  const int32_t** gather_rows = nullptr;
 };
 
 struct LaunchContext {

@@ -44,6 +44,14 @@
   X(GluFwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Swiglu) \
   X(GluFwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Geglu) \
   X(GluFwd_BCol,    128, 128,  64, 2, 1, Pingpong,   Srelu) \
+  X(GluFwdGather_BRow, 128, 256,  64, 2, 1, Cooperative, SwigluOai) \
+  X(GluFwdGather_BRow, 128, 256,  64, 2, 1, Cooperative, Swiglu) \
+  X(GluFwdGather_BRow, 128, 256,  64, 2, 1, Cooperative, Geglu) \
+  X(GluFwdGather_BRow, 128, 256,  64, 2, 1, Cooperative, Srelu) \
+  X(GluFwdGather_BRow, 128, 128,  64, 2, 1, Pingpong,   SwigluOai) \
+  X(GluFwdGather_BRow, 128, 128,  64, 2, 1, Pingpong,   Swiglu) \
+  X(GluFwdGather_BRow, 128, 128,  64, 2, 1, Pingpong,   Geglu) \
+  X(GluFwdGather_BRow, 128, 128,  64, 2, 1, Pingpong,   Srelu) \
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, SwigluOai) \
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Swiglu) \
   X(GluBwd_BRow,    128, 256,  64, 2, 1, Cooperative, Geglu) \

@@ -14,6 +14,8 @@ enum class KernelVariant {
   RaggedK_OutF32,   // dw_e = x_e^T @ dy_e, fp32 output
   GluFwd_BRow,      // ragged M, epilogue: pre = scale * acc + bias stored as D, h = act(pre) as aux
   GluFwd_BCol,
+  GluFwdGather_BRow,  // GluFwd_BRow whose A rows are gathered from x by a row index (the
+                      //   MoE dispatch's permutation fused into the A load, gather_mainloop.cuh)
   GluBwd_BRow,      // ragged M, epilogue: reads pre (as C), dpre = dact(row_scale * scale * acc) as D,
   GluBwd_BCol,      //   row_scale * act(pre) as aux, row_scale-gradient partials
 };

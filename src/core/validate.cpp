@@ -69,8 +69,18 @@ class Checker : public detail::ArgRules<Checker> {
 
 }  // namespace
 
-Result validate(const RaggedMGemmArgs& a) {
-  Checker c("ragged_m_gemm");
+namespace {
+
+// The rules of RaggedMGemmArgs; `gather`: whether the calling op takes gather_rows.
+Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather) {
+  Checker c(op);
+  if (a.gather_rows != nullptr) {
+    c.require(gather, "gather_rows is fused into glu_forward only (gather the rows first, e.g. with permute_rows)");
+    c.require(a.w_stride_n == 1, "gather_rows needs a weight with unit stride along n (a row-major (E, k, n) tensor)");
+    c.require(a.x_rows >= 1 && a.x_rows <= kInt32Max, "x_rows (rows of the gathered x) must be in [1, 2^31), got x_rows=",
+              a.x_rows);
+    c.require(reinterpret_cast<uintptr_t>(a.gather_rows) % 4 == 0, "gather_rows must be 4-byte aligned");
+  }
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n).row_dim("k", a.k);
   c.pointer("offs", a.offs).pointer("w", a.w).pointer("x", a.x, a.m > 0).pointer("y", a.y, a.m > 0);
   c.pointer("bias", a.bias, false).scalars("group_scale", a.group_scale).scalars("row_scale", a.row_scale);
@@ -92,6 +102,10 @@ Result validate(const RaggedMGemmArgs& a) {
   }
   return c.result();
 }
+
+}  // namespace
+
+Result validate(const RaggedMGemmArgs& a) { return validate_ragged_m(a, "ragged_m_gemm", false); }
 
 Result validate(const RaggedKGemmArgs& a) {
   Checker c("ragged_k_gemm");
@@ -119,7 +133,7 @@ void check_glu(Checker& c, const GluOptions& g) {
 }  // namespace
 
 Result validate(const GluForwardArgs& a) {
-  Result r = validate(a.gemm);
+  Result r = validate_ragged_m(a.gemm, "glu_forward", true);
   if (!r.ok()) return r;
   Checker c("glu_forward");
   check_glu(c, a.glu);
@@ -135,7 +149,7 @@ Result validate(const GluForwardArgs& a) {
 }
 
 Result validate(const GluBackwardArgs& a) {
-  Result r = validate(a.gemm);
+  Result r = validate_ragged_m(a.gemm, "glu_backward", false);
   if (!r.ok()) return r;
   Checker c("glu_backward");
   c.require(a.gemm.bias == nullptr, "bias must be null (the input gradient has no bias)");

@@ -66,6 +66,46 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
   return {h, pre};
 }
 
+// (h, pre) of grouped_mm_act over x[rows]: row r of the result reads token row rows[r] of
+// x (T, K), gathered inside the GEMM's A load. Weights with unit stride along N only.
+std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
+    const at::Tensor& x, const at::Tensor& rows, const at::Tensor& w, const at::Tensor& offs,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale, const std::string& activation,
+    double alpha, std::optional<double> limit) {
+  const GluOptions opts = glu_options(activation, alpha, limit);
+  TORCH_CHECK(opts.activation != GluActivation::kNone,
+              "cute_moe: grouped_mm_act_gathered: activation 'none' has no fused forward (h = pre)");
+  const bool gated = is_gated(opts.activation);
+  check_ragged_m_operands(x, w, offs);
+  check_cuda_tensor(rows, "rows", at::kInt, 1, x);
+  TORCH_CHECK(rows.is_contiguous(), "cute_moe: rows must be contiguous, got strides ", rows.strides());
+  TORCH_CHECK(w.stride(2) == 1 || w.size(2) == 1,
+              "cute_moe: grouped_mm_act_gathered needs w (E, K, N) contiguous along N, got strides ", w.strides());
+  TORCH_CHECK(x.size(0) >= 1 || rows.size(0) == 0, "cute_moe: x has no rows to gather");
+  check_bias(bias, w, x);
+  TORCH_CHECK(!gated || w.size(2) % 2 == 0, "cute_moe: ", activation,
+              " needs an even number of columns in w (interleaved gate/linear), got ", w.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t m = rows.size(0);
+  at::Tensor pre = at::empty({m, w.size(2)}, x.options());
+  at::Tensor h = at::empty({m, gated ? w.size(2) / 2 : w.size(2)}, x.options());
+  GluForwardArgs a;
+  a.gemm = ragged_m_args(x, w, offs, bias, pre);
+  a.gemm.m = m;
+  a.gemm.gather_rows = rows.data_ptr<int32_t>();
+  a.gemm.x_rows = x.size(0);
+  a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
+  a.h = h.data_ptr();
+  a.ldh = h.stride(0);
+  a.glu = opts;
+  if (m == 0) return {h, pre};
+  size_t bytes = 0;
+  throw_if_error(workspace_size(a, &bytes));
+  at::Tensor ws = workspace(bytes, x);
+  throw_if_error(glu_forward(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  return {h, pre};
+}
+
 // (dpre, prob * h, dprob); w is the matrix multiplied, (E, H, I): the down-projection
 // weight's transpose. dprob is empty unless prob_grad.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
@@ -143,6 +183,9 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
       "grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, "
       "str activation=\"swiglu\", float alpha=1.702, float? limit=None) -> (Tensor, Tensor)");
   m.def(
+      "grouped_mm_act_gathered(Tensor x, Tensor rows, Tensor w, Tensor offs, Tensor? bias=None, "
+      "Tensor? scale=None, str activation=\"swiglu\", float alpha=1.702, float? limit=None) -> (Tensor, Tensor)");
+  m.def(
       "grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
       "Tensor? out_bias=None, bool prob_grad=False, str activation=\"swiglu\", float alpha=1.702, "
       "float? limit=None) -> (Tensor, Tensor, Tensor)");
@@ -152,6 +195,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu_cuda);
   m.impl("grouped_mm_swiglu_bwd", &grouped_mm_swiglu_bwd_cuda);
   m.impl("grouped_mm_act", &grouped_mm_act_cuda);
+  m.impl("grouped_mm_act_gathered", &grouped_mm_act_gathered_cuda);
   m.impl("grouped_mm_act_bwd", &grouped_mm_act_bwd_cuda);
 }
 

@@ -24,7 +24,8 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
   }
   // Every variant has at least one kernel.
   for (auto v : {detail::KernelVariant::RaggedM_BRow, detail::KernelVariant::RaggedM_BCol,
-                 detail::KernelVariant::RaggedK_OutBF16, detail::KernelVariant::RaggedK_OutF32}) {
+                 detail::KernelVariant::RaggedK_OutBF16, detail::KernelVariant::RaggedK_OutF32,
+                 detail::KernelVariant::GluFwdGather_BRow}) {
     bool found = false;
     for (const auto& e : reg) found = found || e.config.variant == v;
     EXPECT_TRUE(found) << static_cast<int>(v);

@@ -139,6 +139,39 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   expect_rejected(b, "srelu and none take no clamp limit");
 }
 
+TEST(ValidateGlu, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
+  const auto* rows = static_cast<const int32_t*>(fake(0xa0000));
+  cute_moe::GluForwardArgs f;
+  f.gemm = valid_m();
+  f.gemm.gather_rows = rows;
+  f.gemm.x_rows = 250;  // fewer tokens than routed rows (top-4)
+  f.h = const_cast<void*>(fake(0x70000));
+  f.ldh = f.gemm.n / 2;
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+  f.gemm.x_rows = 0;
+  expect_rejected(f, "x_rows (rows of the gathered x) must be in [1, 2^31), got x_rows=0");
+  f.gemm.x_rows = 250;
+  f.gemm.gather_rows = static_cast<const int32_t*>(fake(0xa0002));
+  expect_rejected(f, "gather_rows must be 4-byte aligned");
+  f.gemm.gather_rows = rows;
+  f.gemm.w_stride_k = 1;  // an (E, n, k) weight
+  f.gemm.w_stride_n = f.gemm.k;
+  expect_rejected(f, "gather_rows needs a weight with unit stride along n");
+
+  RaggedMGemmArgs m = valid_m();
+  m.gather_rows = rows;
+  m.x_rows = 250;
+  expect_rejected(m, "ragged_m_gemm: gather_rows is fused into glu_forward only");
+
+  cute_moe::GluBackwardArgs b;
+  b.gemm = m;
+  b.pre = fake(0x80000);
+  b.ldpre = 2 * b.gemm.n;
+  b.dpre = const_cast<void*>(fake(0x90000));
+  b.lddpre = 2 * b.gemm.n;
+  expect_rejected(b, "glu_backward: gather_rows is fused into glu_forward only");
+}
+
 TEST(StatusNames, AreReadable) {
   EXPECT_STREQ(cute_moe::status_name(Status::kInvalidArgument), "invalid argument");
   EXPECT_STREQ(cute_moe::dtype_name(cute_moe::DType::kF32), "float32");
