@@ -23,7 +23,9 @@ import torch
 from . import _ops
 from ._checks import (check_activation, check_grouped_mm_args, check_grouped_mm_swiglu_args,
                       check_pre_args, check_scales, check_swiglu_params)
+from ._checks_permute import check_permute_args
 from .functional import grouped_mm
+from .permute import permute as _permute
 from .reference import (GATED_ACTIVATIONS, act_bwd_ref, act_ref, default_limit,
                         grouped_bias_grad_ref, grouped_mm_act_bwd_ref, grouped_mm_act_ref,
                         grouped_mm_ref, grouped_mm_scaled_ref, grouped_mm_wgrad_ref)
@@ -57,8 +59,12 @@ def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
     return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
 
 
-def _act_fwd(x, w, offs, bias, scale, act: _Act):
-    """(h, pre) of the fused up projection."""
+def _act_fwd(x, w, offs, bias, scale, act: _Act, rows=None):
+    """(h, pre) of the fused up projection; over x[rows] when rows is given (the gather
+    fused into the GEMM)."""
+    if rows is not None:
+        return torch.ops.cute_moe.grouped_mm_act_gathered(x, rows, w, offs, bias, scale, act.name,
+                                                          act.alpha, act.limit)
     if _ops.ACT_REGISTERED:
         return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
                                                  act.limit)
@@ -120,16 +126,26 @@ def _param_grads(a, dy, offs, w, need_w, bias_dtype, scale=None, need_scale=Fals
     return dw, (db.to(bias_dtype) if need_b else None), dscale
 
 
+def _gathered_ok(x, w, act) -> bool:
+    """Whether the gathered up projection (the op) takes these operands."""
+    return (_ops.GATHER_REGISTERED and x.is_cuda and act.name != "none"
+            and (w.stride(2) == 1 or w.shape[2] == 1))
+
+
 class _UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up, scale_up) -> (h, pre). Backward takes the gradient of pre
     (from _DownProj) and, when h also feeds something else, adds the activation's backward
     of h's gradient computed from pre, recomputed. With h_differentiable False (expert_ffn,
     where h only feeds _DownProj) h is marked non-differentiable, so no gradient of h
-    exists to handle, under torch.compile too."""
+    exists to handle, under torch.compile too.
+    Gathered (rows given, the gathered op; _gathered_ok): x holds the tokens and routed row
+    r is x[rows[r]]. The backward sums each token's rows of the input gradient, through
+    token_rows (T, k) when given (deterministic, cute_moe.permute's gather-sum), else with
+    index_add_; it gathers x[rows] once more for the weight gradient."""
 
     @staticmethod
-    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable):
-        h, pre = _act_fwd(x, w, offs, bias, scale, act)
+    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None):
+        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows)
         ctx.set_materialize_grads(False)
         if not h_differentiable:
             ctx.mark_non_differentiable(h)
@@ -139,28 +155,35 @@ class _UpProj(torch.autograd.Function):
         # backward, before this backward allocates dW_up (1 GiB less at the peak for
         # GPT-OSS-20B). The unfused route recomputes it (x, W_up, bias are inputs: saving
         # them costs nothing).
-        ctx.save_for_backward(x, w, offs, bias, scale)
+        ctx.save_for_backward(x, w, offs, bias, scale, rows, token_rows)
         return h, pre
 
     @staticmethod
     def backward(ctx, grad_h, grad_pre):
-        x, w, offs, bias, scale = ctx.saved_tensors
+        x, w, offs, bias, scale, rows, token_rows = ctx.saved_tensors
         act = ctx.act
         dpre = grad_pre
         # h took gradient outside the fused route (the seed API's swiglu_out used twice).
         # torch.compile may hand a zero grad_h here rather than None: still correct.
         if grad_h is not None:
-            pre = _act_fwd(x, w, offs, bias, scale, act)[1]  # same bits as the forward's
+            pre = _act_fwd(x, w, offs, bias, scale, act, rows)[1]  # same bits as the forward's
             d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
-            return (None,) * 7
+            return (None,) * 9
         dpre = dpre.contiguous()
         need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
+        if rows is not None:
+            if dx is not None and token_rows is not None:
+                dx = torch.ops.cute_moe.gather_sum_rows(dx, token_rows, None)
+            elif dx is not None:
+                acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                dx = acc.index_add_(0, rows.long(), dx.float()).to(x.dtype)
+            x = torch.ops.cute_moe.gather_rows(x, rows, None) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
-        return dx, dw, None, db, dscale, None, None
+        return dx, dw, None, db, dscale, None, None, None, None
 
 
 class _DownProj(torch.autograd.Function):
@@ -234,7 +257,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, *,
                activation: str = "swiglu", prob: torch.Tensor | None = None,
                scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
-               swiglu_alpha: float = 1.702, limit=_DEFAULT) -> torch.Tensor:
+               swiglu_alpha: float = 1.702, limit=_DEFAULT,
+               gather: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
     """The expert block of an MoE layer on routed rows sorted by expert:
         pre = scale_up[e] * (x[r] @ w_up[e]) + b_up[e]
         h   = act(pre)
@@ -256,6 +280,13 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     prob: (M,) router probability of each routed row (float32; bf16 is converted).
     scale_up, scale_down: (E,) float32 per-expert scalars on the GEMM results (the seed's
        per-group alpha).
+    gather: (rows, token_rows) to run the block on x[rows] with x the (T, H) tokens: rows
+       (M,) int32, the token of each routed row; token_rows (T, k) int32, the routed row of
+       each (token, choice) (cute_moe.permute's inverse; None: x's gradient is summed with
+       index_add_, not bitwise deterministic). Where the gathered up projection runs (CUDA,
+       a gated or srelu activation, w_up contiguous along 2I) the gather happens inside the
+       GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
+       Hopper (docs/perf-notes.md); elsewhere x is gathered first. Same result either way.
     Returns y (M, H) bf16. Differentiable with respect to every tensor argument but offs.
     """
     op = "expert_ffn"
@@ -269,27 +300,40 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                          f"gate/linear columns for {activation!r}), got shape {tuple(w_up.shape)}")
     inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
     num_experts, hidden = w_up.shape[0], x.shape[1]
+    act = _Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
+    rows = token_rows = None
+    if gather is not None:
+        rows, token_rows = gather
+        if token_rows is not None:
+            check_permute_args(x, rows, token_rows)
+        elif not (isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype == torch.int32
+                  and rows.device == x.device):
+            raise ValueError(f"cute_moe.{op}: gather: expected rows as a 1-D int32 tensor on x's "
+                             f"device, got {rows!r:.80}")
+        if not _gathered_ok(x, w_up, act):  # gather first: the same result
+            x = _permute(x, rows, token_rows) if token_rows is not None else x[rows.long()]
+            rows = token_rows = None
+    m = x.shape[0] if rows is None else rows.shape[0]
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
         raise ValueError(f"cute_moe.{op}: w_down: expected shape {(num_experts, inter, hidden)} "
                          f"(E, I, H), got shape {tuple(w_down.shape)}")
-    check_grouped_mm_args(_h_like(x, inter), w_down, offs, b_down, op=op,
+    check_grouped_mm_args(_h_like(x, m, inter), w_down, offs, b_down, op=op,
                           names={"x": "h", "w": "w_down", "bias": "b_down"})
     if prob is not None and isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
         prob = prob.to(torch.float32)
-    check_scales(op, "prob", prob, x.shape[0], "one per row of x", "x", x)
+    check_scales(op, "prob", prob, m, "one per routed row", "x", x)
     check_scales(op, "scale_up", scale_up, num_experts, "one per expert", "x", x)
     check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
-    act = _Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
     if activation == "none":  # h = pre: the down projection keeps h as its "pre"
         h = _ScaledMM.apply(x, w_up, offs, b_up, scale_up)
         return _DownProj.apply(h, w_down, offs, b_down, h, prob, scale_down, act)
-    h, pre = _UpProj.apply(x, w_up, offs, b_up, scale_up, act, False)
+    h, pre = _UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows)
     return _DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act)
 
 
-def _h_like(x, inter):
+def _h_like(x, m, inter):
     """A stand-in of h (M, I) for the shape checks (one row of memory: row stride 0)."""
-    return x.new_empty_strided((x.shape[0], inter), (0, 1))
+    return x.new_empty_strided((m, inter), (0, 1))
 
 
 def _fused_pair(swiglu_out, aux, alpha, limit, op) -> bool:

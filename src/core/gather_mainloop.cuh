@@ -20,7 +20,7 @@
 // zero-filled; the row indices were range-checked by the setup kernel.
 //
 // Measured (H200, docs/perf-notes.md): the A copies are issue-bound in the two warps the
-// kernel gives its mainloop (one warp: 0.58x, two: 0.76x the separate gather + TMA GEMM
+// kernel gives its mainloop (one warp: 0.58x, two: 0.77x the separate gather + TMA GEMM
 // at GPT-OSS-20B), so the MoE layer keeps the separate gather; this kernel is the
 // memory-saving route (no M x H copy of x).
 #pragma once

@@ -118,6 +118,47 @@ def test_moe_matches_reference(case):
             assert torch.all(g[~used] == 0), n
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[5], CASES[6]], ids=lambda c: c[0])
+def test_fuse_gather_gives_the_same_bits(case):
+    """MoE(fuse_gather=True): the token gather inside the up projection's GEMM (the gathered
+    kernel; 'none' gathers first). Same kernels otherwise, so the same bits: output and
+    every gradient; and the forward keeps no (T*k, H) sorted copy of the tokens."""
+    moe = _make(case)
+    fused = MoE(*case[2:5], case[5], dtype=BF16, device="cuda", fuse_gather=True, **case[7])
+    fused.load_state_dict(moe.state_dict())
+    x, dy = _inputs(case)
+    x.requires_grad_()
+    a, b = moe(x), fused(x)
+    assert torch.equal(a, b)
+    ga = torch.autograd.grad(a, [x] + _params(moe), dy)
+    gb = torch.autograd.grad(b, [x] + _params(fused), dy)
+    for (n, _), u, v in zip([("x", None)] + list(moe.named_parameters()), ga, gb):
+        assert torch.equal(u, v), n
+
+
+def test_fuse_gather_saves_the_sorted_copy():
+    case = ("gpt-oss", 4096, 512, 256, 8, 4, "balanced", dict())
+    moe = _make(case)
+    fused = MoE(*case[2:5], case[5], dtype=BF16, device="cuda", fuse_gather=True)
+    fused.load_state_dict(moe.state_dict())
+    x, _ = _inputs(case)
+    x.requires_grad_()
+
+    def held_after_forward(layer):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = layer(x)
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated() - before, out
+
+    plain, out_a = held_after_forward(moe)
+    del out_a
+    gathered, out_b = held_after_forward(fused)
+    del out_b
+    sorted_copy = 4096 * 4 * 512 * 2  # T * k * H bf16
+    assert plain - gathered >= sorted_copy, (plain, gathered)
+
+
 def test_no_host_sync_and_deterministic():
     case = CASES[1]
     moe = _make(case)

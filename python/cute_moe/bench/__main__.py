@@ -53,6 +53,9 @@ def parse_args(argv=None):
     ap.add_argument("--png", metavar="PATH", help="chart (default: the JSON path with .png)")
     # Runs the whole CLI on the CPU at a tiny shape through the reference paths, with
     # wall-clock timing: for the tests of this script only, numbers mean nothing.
+    ap.add_argument("--fuse-gather", action="store_true",
+                    help="our layer with MoE(fuse_gather=True): the token gather inside the up "
+                         "projection's GEMM (less memory, more time on Hopper)")
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
         progress.config(cfg.name)
         rows.append(run_config(cfg, reps=args.reps, warmup=args.warmup, seed=args.seed,
                                check=args.check, say=progress, device=device,
-                               cpu_smoke=args.cpu_smoke))
+                               cpu_smoke=args.cpu_smoke, fuse_gather=args.fuse_gather))
     progress.done()
     print(f"device: {dev_name}; torch {torch.__version__}; cute_moe {cute_moe.__version__}")
     print(format_table(rows))
@@ -208,6 +211,7 @@ def main(argv=None) -> int:
                 command=" ".join(["python -m cute_moe.bench"] + (sys.argv[1:] if argv is None
                                                                   else list(argv))),
                 reps=args.reps, warmup=args.warmup, seed=args.seed, check=args.check,
+                fuse_gather=args.fuse_gather,
                 timing=("wall clock (CPU smoke run)" if args.cpu_smoke else "CUDA events")
                 + ", median; forward = the training forward (autograd graph recorded); "
                 "backward = autograd.grad of the input and all parameters alone, after an "

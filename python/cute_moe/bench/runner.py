@@ -97,11 +97,11 @@ def peak_bytes(fn, cuda: bool) -> int | None:
     return torch.cuda.max_memory_allocated() - base
 
 
-def build(cfg: BenchConfig, device, seed: int, cpu_smoke: bool = False):
+def build(cfg: BenchConfig, device, seed: int, cpu_smoke: bool = False, fuse_gather: bool = False):
     """(ours, baseline, x, dy): the two layers share every parameter tensor."""
     torch.manual_seed(seed)
     bf16 = torch.bfloat16
-    ours = MoE(**cfg.moe_kwargs(), dtype=bf16, device=device).train()
+    ours = MoE(**cfg.moe_kwargs(), fuse_gather=fuse_gather, dtype=bf16, device=device).train()
     # on the CPU torch._grouped_mm has no backward for empty groups: the loop instead
     base = ReferenceMoE.like(ours, impl="loop" if cpu_smoke else "grouped_mm").train()
     gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -127,11 +127,12 @@ def _measure(block, x, inputs, dy, reps, warmup, cuda, say: Progress, label: str
 
 
 def run_config(cfg: BenchConfig, *, reps: int, warmup: int, seed: int, check: bool,
-               say: Progress, device="cuda", cpu_smoke: bool = False) -> dict:
+               say: Progress, device="cuda", cpu_smoke: bool = False,
+               fuse_gather: bool = False) -> dict:
     """One table row: times, TFLOP/s and peak memory of both layers, and how far apart
     their outputs (and with check, gradients) are."""
     cuda = not cpu_smoke
-    ours, base, x, dy = build(cfg, device, seed, cpu_smoke)
+    ours, base, x, dy = build(cfg, device, seed, cpu_smoke, fuse_gather)
     names = ["x"] + [n for n, _ in ours.named_parameters()]
     inputs = [x] + [p for _, p in ours.named_parameters()]
     assert {id(p) for p in base.parameters()} <= {id(p) for p in inputs}, "weights not shared"

@@ -89,11 +89,15 @@ class GroupedExperts(nn.Module):
         return self.impl == "fused" or (self.impl == "auto" and x.dtype == torch.bfloat16)
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor,
-                prob: torch.Tensor | None = None) -> torch.Tensor:
+                prob: torch.Tensor | None = None,
+                gather: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
         """x (M, H) routed rows sorted by expert; offs (E,) int32 cumulative end offsets
         on x's device; prob (M,) optional router weight per row (fused into the down
         projection's epilogue on the fused path). Returns (M, H) in x's dtype; rows at or
-        past offs[-1] are zero."""
+        past offs[-1] are zero.
+        gather (row_token (M,), token_rows (T, k) or None): x is then the (T, H) tokens and
+        routed row r is x[row_token[r]], gathered inside the up projection's GEMM on the
+        fused path (see cute_moe.expert_ffn)."""
         dt = x.dtype
 
         def cast(p):
@@ -107,7 +111,11 @@ class GroupedExperts(nn.Module):
                 kwargs["swiglu_alpha"] = self.swiglu_alpha
             if prob is not None and prob.dtype != torch.float32:
                 kwargs["prob"] = prob.float()
+            if gather is not None:
+                kwargs["gather"] = gather
             return _expert_ffn()(x, w_up, w_down, offs, b_up, b_down, **kwargs)
+        if gather is not None:
+            x = x[gather[0].long()]
         return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob,
                            activation=self.activation, alpha=self.swiglu_alpha,
                            limit=self.limit, impl="loop")

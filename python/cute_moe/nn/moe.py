@@ -26,6 +26,11 @@ class MoE(nn.Module):
     biased gate, softmax top-4 renormalised. Qwen3-MoE: activation="swiglu", bias=False,
     router_bias=False, top_k=8 (halves-layout checkpoints: cute_moe.repack).
 
+    fuse_gather: gather the routed rows inside the experts' up-projection GEMM instead of
+      copying them out first (on the fused path with a gated or srelu activation). It
+      saves the (T*k, H) sorted copy of the tokens, 566 MB per GPT-OSS-20B layer at 24576
+      tokens, and costs time on Hopper (docs/perf-notes.md); the result is the same.
+
     forward(x): x (T, H) or (B, S, H) -> same shape and dtype. With
     return_router_output=True also the RouterOutput (for auxiliary losses). In training
     mode the routed rows per expert are added to router.tokens_per_expert.
@@ -40,9 +45,11 @@ class MoE(nn.Module):
                  route_scale: float = 1.0, swiglu_alpha: float = 1.702, limit="default",
                  load_balance_coeff: float | None = None,
                  router_dtype: torch.dtype | None = torch.float32, impl: str = "auto",
-                 init_std: float = 0.02, dtype: torch.dtype | None = None, device=None):
+                 fuse_gather: bool = False, init_std: float = 0.02,
+                 dtype: torch.dtype | None = None, device=None):
         super().__init__()
         self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
+        self.fuse_gather = bool(fuse_gather)
         self.router = TopKRouter(hidden, num_experts, top_k, score_func=score_func,
                                  renormalize=renormalize, route_scale=route_scale,
                                  bias=router_bias, load_balance_coeff=load_balance_coeff,
@@ -80,6 +87,9 @@ class MoE(nn.Module):
         d = sort_by_expert(routing.experts, self.num_experts, routing.weights)
         if self.training:
             self.router.record_load(tokens_per_expert(d.offs))
-        y = self.experts(permute(x, d), d.offs, d.prob)
+        if self.fuse_gather:
+            y = self.experts(x, d.offs, d.prob, gather=(d.row_token, d.token_rows))
+        else:
+            y = self.experts(permute(x, d), d.offs, d.prob)
         out = unpermute(y, d).reshape(shape)
         return (out, routing) if return_router_output else out
