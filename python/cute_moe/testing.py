@@ -196,6 +196,22 @@ def random_expert_ffn(m: int, hidden: int, inter: int, num_groups: int,
                      offsets_from_counts(sizes, device=device), sizes, layout)
 
 
+def capture_graph(fn, warmup: int = 2):
+    """(graph, outputs): fn() run `warmup` times on a side stream (lazy initialisations
+    happen outside the capture), then captured once in a CUDA graph whose replay() reruns
+    it on the same tensors, refreshing `outputs`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
 class OpLog(TorchDispatchMode):
     """Records the cute_moe ops dispatched while it is active."""
 

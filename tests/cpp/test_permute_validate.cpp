@@ -3,17 +3,15 @@
 #include <gtest/gtest.h>
 
 #include "cute_moe/permute.h"
+#include "validate_test_util.h"
 
 namespace {
 
 using cute_moe::GatherRowsArgs;
 using cute_moe::GatherRowsDotArgs;
 using cute_moe::GatherSumRowsArgs;
-using cute_moe::Status;
-
-// Host-side validation never dereferences: aligned fake addresses are enough.
-template <typename T = void>
-T* fake(uintptr_t a) { return reinterpret_cast<T*>(a); }
+using cute_moe::test::expect_rejected;
+using cute_moe::test::fake;
 
 GatherRowsArgs valid_rows() {
   GatherRowsArgs a;
@@ -42,13 +40,6 @@ GatherRowsDotArgs valid_dot() {
   a.index = fake<const int32_t>(0x20000);
   a.out = fake<float>(0x30000);
   return a;
-}
-
-template <typename Args>
-void expect_rejected(const Args& a, const std::string& needle) {
-  cute_moe::Result r = cute_moe::validate(a);
-  EXPECT_EQ(r.status, Status::kInvalidArgument) << "expected a rejection mentioning '" << needle << "'";
-  EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
 }
 
 TEST(PermuteValidate, ValidArgumentsPass) {

@@ -3,42 +3,36 @@
 #include <gtest/gtest.h>
 
 #include "cute_moe/fused_glu.h"
+#include "validate_test_util.h"
 
 namespace {
 
 using cute_moe::RaggedKGemmArgs;
 using cute_moe::RaggedMGemmArgs;
 using cute_moe::Status;
-
-// Host-side validation never dereferences: aligned fake addresses are enough.
-const void* fake(uintptr_t a) { return reinterpret_cast<const void*>(a); }
+using cute_moe::test::expect_rejected;
+using cute_moe::test::fake;
 
 RaggedMGemmArgs valid_m() {
   RaggedMGemmArgs a;
   a.m = 1000; a.n = 2880; a.k = 1440; a.num_groups = 32;
-  a.offs = static_cast<const int32_t*>(fake(0x10000));
+  a.offs = fake<const int32_t>(0x10000);
   a.x = fake(0x20000); a.ldx = a.k;
   a.w = fake(0x30000); a.w_stride_group = a.k * a.n; a.w_stride_k = a.n; a.w_stride_n = 1;
-  a.y = const_cast<void*>(fake(0x40000)); a.ldy = a.n;
+  a.y = fake(0x40000); a.ldy = a.n;
   return a;
 }
 
 RaggedKGemmArgs valid_k() {
   RaggedKGemmArgs a;
   a.m = 1000; a.k = 2880; a.n = 1440; a.num_groups = 8;
-  a.offs = static_cast<const int32_t*>(fake(0x10000));
+  a.offs = fake<const int32_t>(0x10000);
   a.x = fake(0x20000); a.ldx = a.k;
   a.dy = fake(0x30000); a.lddy = a.n;
-  a.dw = const_cast<void*>(fake(0x40000));
+  a.dw = fake(0x40000);
   return a;
 }
 
-template <typename Args>
-void expect_rejected(const Args& a, const std::string& needle) {
-  cute_moe::Result r = cute_moe::validate(a);
-  EXPECT_EQ(r.status, Status::kInvalidArgument) << "expected a rejection mentioning '" << needle << "'";
-  EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
-}
 
 TEST(ValidateRaggedM, AcceptsBothWeightLayoutsAndBias) {
   RaggedMGemmArgs a = valid_m();
@@ -85,7 +79,7 @@ TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
   RaggedKGemmArgs a = valid_k();
   EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
   a.dw_dtype = cute_moe::DType::kF32;
-  a.dbias = static_cast<float*>(const_cast<void*>(fake(0x60000)));
+  a.dbias = fake<float>(0x60000);
   EXPECT_TRUE(cute_moe::validate(a).ok());
   a = valid_k(); a.lddy = 10;                   expect_rejected(a, "lddy=10");
   a = valid_k(); a.dw = nullptr;                expect_rejected(a, "dw must not be null");
@@ -97,7 +91,7 @@ TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
 TEST(ValidateGlu, ForwardAndBackwardRules) {
   cute_moe::GluForwardArgs f;
   f.gemm = valid_m();  // n = 2880 = 2I
-  f.h = const_cast<void*>(fake(0x70000));
+  f.h = fake(0x70000);
   f.ldh = f.gemm.n / 2;
   EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
   f.ldh = f.gemm.n / 2 - 8;
@@ -118,7 +112,7 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   b.gemm = valid_m();
   b.pre = fake(0x80000);
   b.ldpre = 2 * b.gemm.n;
-  b.dpre = const_cast<void*>(fake(0x90000));
+  b.dpre = fake(0x90000);
   b.lddpre = 2 * b.gemm.n;
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
   b.gemm.bias = fake(0x50000);
@@ -130,7 +124,7 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   b.ldpre = 2 * b.gemm.n;
   b.dpre = nullptr;
   expect_rejected(b, "dpre must not be null");
-  b.dpre = const_cast<void*>(fake(0x90000));
+  b.dpre = fake(0x90000);
   b.glu.activation = cute_moe::GluActivation::kNone;  // not gated: pre is n wide
   b.glu.has_limit = false;
   b.ldpre = b.lddpre = b.gemm.n;
@@ -140,18 +134,18 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
 }
 
 TEST(ValidateGlu, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
-  const auto* rows = static_cast<const int32_t*>(fake(0xa0000));
+  const auto* rows = fake<const int32_t>(0xa0000);
   cute_moe::GluForwardArgs f;
   f.gemm = valid_m();
   f.gemm.gather_rows = rows;
   f.gemm.x_rows = 250;  // fewer tokens than routed rows (top-4)
-  f.h = const_cast<void*>(fake(0x70000));
+  f.h = fake(0x70000);
   f.ldh = f.gemm.n / 2;
   EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
   f.gemm.x_rows = 0;
   expect_rejected(f, "x_rows (rows of the gathered x) must be in [1, 2^31), got x_rows=0");
   f.gemm.x_rows = 250;
-  f.gemm.gather_rows = static_cast<const int32_t*>(fake(0xa0002));
+  f.gemm.gather_rows = fake<const int32_t>(0xa0002);
   expect_rejected(f, "gather_rows must be 4-byte aligned");
   f.gemm.gather_rows = rows;
   f.gemm.w_stride_k = 1;  // an (E, n, k) weight
@@ -167,7 +161,7 @@ TEST(ValidateGlu, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
   b.gemm = m;
   b.pre = fake(0x80000);
   b.ldpre = 2 * b.gemm.n;
-  b.dpre = const_cast<void*>(fake(0x90000));
+  b.dpre = fake(0x90000);
   b.lddpre = 2 * b.gemm.n;
   expect_rejected(b, "glu_backward: gather_rows is fused into glu_forward only");
 }

@@ -161,15 +161,7 @@ def test_cuda_graph_replay_with_new_routing(layout):
     m, k, n, e = 1531, 136, 200, 16
     c = dict(m=m, k=k, n=n, e=e, routing="balanced", pad=11, layout=layout, bias=True, seed=9)
     p, dy = _problem(c)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            _forward_backward(p, dy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = _forward_backward(p, dy)
+    graph, outs = testing.capture_graph(lambda: _forward_backward(p, dy))
 
     g = torch.Generator().manual_seed(10)
     for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300), ("balanced", m)):

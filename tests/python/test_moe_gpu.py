@@ -185,16 +185,11 @@ def test_cuda_graph_forward_backward_replay():
     static_x, static_dy = _inputs(case, seed=10)
     static_x.requires_grad_()
     leaves = [static_x] + _params(moe)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            torch.autograd.grad(moe(static_x), leaves, static_dy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = moe(static_x)
-        static_grads = torch.autograd.grad(static_out, leaves, static_dy)
+    def step():
+        out = moe(static_x)
+        return out, torch.autograd.grad(out, leaves, static_dy)
+
+    graph, (static_out, static_grads) = testing.capture_graph(step, warmup=3)
 
     counts = []
     for seed in (11, 12, 13):

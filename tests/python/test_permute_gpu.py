@@ -220,15 +220,8 @@ def test_permute_unpermute_deterministic_without_host_sync():
 def test_cuda_graph_replay_with_new_routing():
     tokens, k, hidden = 500, 4, 264
     x, w, s, row_token, token_rows, dout = _layer(tokens, k, hidden, seed=9)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            _forward_backward(x, w, s, row_token, token_rows, dout)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = _forward_backward(x, w, s, row_token, token_rows, dout)
+    graph, outs = testing.capture_graph(
+        lambda: _forward_backward(x, w, s, row_token, token_rows, dout))
     for seed in (10, 11):
         new_row_token, new_token_rows = _routing(tokens, k, seed=seed)
         with torch.no_grad():

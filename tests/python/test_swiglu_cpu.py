@@ -15,6 +15,7 @@ import cute_moe
 from cute_moe import _ops, repack, testing
 from cute_moe.testing import OpLog
 from cute_moe import reference as ref
+from seed_snippet import run_seed_snippet
 
 BF16, F64 = torch.bfloat16, torch.float64
 HAS_OPS = hasattr(torch.ops.cute_moe, "grouped_mm_swiglu") and _ops.ACT_REGISTERED
@@ -414,37 +415,7 @@ def test_grouped_mm_downproj_argument_errors(change, message):
 
 
 def test_seed_snippet_on_cpu_at_small_size(backend):
-    from cutlass_op.bf16_grouped_mm import grouped_mm_downproj, grouped_mm_swiglu
-
-    torch.manual_seed(0)
-    device, dtype = "cpu", torch.bfloat16
-    E, H, I = 8, 64, 32  # 8 experts
-    tokens_per_expert = torch.tensor(  # ragged-M distribution
-        [12, 6, 0, 25, 19, 3, 12, 6], device=device, dtype=torch.int32
-    )
-    offs = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-    total_M = int(tokens_per_expert.sum())
-    x = torch.randn(total_M, H, device=device, dtype=dtype, requires_grad=True)
-    W_up = torch.randn(E, H, 2 * I, device=device, dtype=dtype, requires_grad=True)
-    b_up = torch.randn(E, 2 * I, device=device, dtype=dtype, requires_grad=True)
-    W_down = torch.randn(E, I, H, device=device, dtype=dtype, requires_grad=True)
-    b_down = torch.randn(E, H, device=device, dtype=dtype, requires_grad=True)
-    # === Forward: two fused kernels — aux_biased_acc must be threaded through ===
-    swiglu_out, aux_biased_acc = grouped_mm_swiglu(
-        x, W_up, offs=offs, bias=b_up,
-        swiglu_alpha=1.702, swiglu_limit=7.0,
-    )
-    out = grouped_mm_downproj(
-        swiglu_out, W_down, offs=offs, bias=b_down,
-        aux_biased_acc=aux_biased_acc,  # <- fused-only contract
-        swiglu_alpha=1.702, swiglu_limit=7.0,
-    )
-    assert out.shape == (total_M, H)
-    # === Backward: autograd flows back through the fused aux route ===
-    out.sum().backward()
-    assert W_up.grad is not None and W_down.grad is not None
-
-    p = testing.ExpertFFN(x, W_up, b_up, W_down, b_down, offs, tokens_per_expert.tolist(), "kn")
+    p, out, swiglu_out, _ = run_seed_snippet("cpu", 8, 64, 32, [12, 6, 0, 25, 19, 3, 12, 6])
     check_against_reference(p, out, swiglu_out, "sum", None)
 
 

@@ -12,6 +12,7 @@ import torch
 import cute_moe
 from cute_moe import testing
 from cute_moe import reference as ref
+from seed_snippet import run_seed_snippet
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -122,39 +123,10 @@ def _check(p, fused, reference):
 
 
 def test_seed_snippet_at_seed_sizes():
-    from cutlass_op.bf16_grouped_mm import grouped_mm_downproj, grouped_mm_swiglu
-
-    torch.manual_seed(0)
-    device, dtype = "cuda", torch.bfloat16
-    E, H, I = 8, 2048, 1024  # 8 experts
-    tokens_per_expert = torch.tensor(  # ragged-M distribution
-        [128, 64, 0, 256, 192, 32, 128, 64], device=device, dtype=torch.int32
-    )
-    offs = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-    total_M = int(tokens_per_expert.sum())
-    x = torch.randn(total_M, H, device=device, dtype=dtype, requires_grad=True)
-    W_up = torch.randn(E, H, 2 * I, device=device, dtype=dtype, requires_grad=True)
-    b_up = torch.randn(E, 2 * I, device=device, dtype=dtype, requires_grad=True)
-    W_down = torch.randn(E, I, H, device=device, dtype=dtype, requires_grad=True)
-    b_down = torch.randn(E, H, device=device, dtype=dtype, requires_grad=True)
-    # === Forward: two fused kernels — aux_biased_acc must be threaded through ===
-    swiglu_out, aux_biased_acc = grouped_mm_swiglu(
-        x, W_up, offs=offs, bias=b_up,
-        swiglu_alpha=1.702, swiglu_limit=7.0,
-    )
-    out = grouped_mm_downproj(
-        swiglu_out, W_down, offs=offs, bias=b_down,
-        aux_biased_acc=aux_biased_acc,  # <- fused-only contract
-        swiglu_alpha=1.702, swiglu_limit=7.0,
-    )
-    assert out.shape == (total_M, H)
-    # === Backward: autograd flows back through the fused aux route ===
-    out.sum().backward()
-    assert W_up.grad is not None and W_down.grad is not None
-
-    p = testing.ExpertFFN(x, W_up, b_up, W_down, b_down, offs, tokens_per_expert.tolist(), "kn")
+    p, out, swiglu_out, aux_biased_acc = run_seed_snippet(
+        "cuda", 8, 2048, 1024, [128, 64, 0, 256, 192, 32, 128, 64])
     fused = (out, swiglu_out, aux_biased_acc, [t.grad for t in p.leaves])
-    _check(p, fused, _reference(p, torch.ones(total_M, H, device=device, dtype=dtype)))
+    _check(p, fused, _reference(p, torch.ones_like(out)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -230,15 +202,7 @@ def test_cuda_graph_replay_with_new_routing(layout):
     c = dict(m=m, h=h, i=i, e=e, routing="balanced", pad=11, layout=layout, bias=True,
              limit=7.0, scale=4.0, swiglu_out_too=False, seed=9)
     p, dy = _problem(c)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            _fused(p, dy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fused = _fused(p, dy)
+    graph, fused = testing.capture_graph(lambda: _fused(p, dy))
 
     g = torch.Generator().manual_seed(10)
     for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300), ("balanced", m)):
