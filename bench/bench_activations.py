@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
+from common import fmt, import_cute_moe, print_columns, rel_error, run_meta, time_ms, write_json
 
 SHAPES = {  # tokens T, top-k, hidden H, intermediate I, experts E, biases, router probs
     "gpt-oss-20b": dict(tokens=24576, topk=4, hidden=2880, inter=2880, experts=32, bias=True,
@@ -148,13 +147,10 @@ def print_table(rows):
                       fmt(r["fwd_flops"] / r["ours_fwd_ms"] / 1e9, ".0f"),
                       fmt(r["bwd_flops"] / r["ours_bwd_ms"] / 1e9, ".0f"),
                       fmt(vs, ".3f"), fmt(max(r["rel_diff"].values()), ".1e")))
-    widths = [max(len(str(line[c])) for line in lines) for c in range(len(head))]
     print("ms, median of CUDA events; x: torch / ours; TF/s: GEMM FLOPs / our time; f+b vs "
           "swiglu_oai: our forward+backward time over swiglu_oai's on the same shape; max rel "
           "diff: ours vs torch over the output and the gradients of x, weights and prob")
-    for line in lines:
-        print("  ".join(str(v).rjust(w) if c > 1 else str(v).ljust(w)
-                        for c, (v, w) in enumerate(zip(line, widths))))
+    print_columns(lines, left=2)
 
 
 def main(argv=None):
@@ -171,7 +167,7 @@ def main(argv=None):
         print("bench_activations: no CUDA device; this benchmark needs an SM90 GPU",
               file=sys.stderr)
         return 2
-    cute_moe = import_cute_moe()
+    import_cute_moe()
     rows = []
     for case in args.cases.split(","):
         shape, act = case.split(":")
@@ -186,12 +182,7 @@ def main(argv=None):
         print(f"MISMATCH {r['shape']}/{r['activation']} {k}: {v:.2e} > {AGREE_TOL}",
               file=sys.stderr)
     if args.json:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    cute_moe=cute_moe.__version__,
-                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
-                    reps=args.reps, shapes=SHAPES)
-        write_json(args.json, meta, rows)
+        write_json(args.json, run_meta(reps=args.reps, shapes=SHAPES), rows)
     return 1 if bad else 0
 
 

@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, peak_bytes, rel_error, time_ms, write_json
+from common import (fmt, import_cute_moe, peak_bytes, print_columns, rel_error, run_meta, time_ms,
+                    write_json)
 
 # rows M = tokens * top-k routed rows, hidden H, expert intermediate I (up width 2I), experts E.
 SHAPES = {
@@ -195,13 +195,10 @@ def print_table(rows: list[dict]) -> None:
                   fmt(diff, ".1e"), fmt(db_err.get("ours"), ".1e"),
                   fmt(db_err.get("torch"), ".1e")]
         lines.append(tuple(cells))
-    widths = [max(len(str(line[c])) for line in lines) for c in range(len(head))]
     print("times in ms (median of CUDA events); x: torch / ours; TF/s over forward+backward "
           "FLOPs (3 x forward); max rel diff: ours vs torch over out, dx, dW_up, dW_down; "
           "db err: max over db_up, db_down of the error vs fp32 sums")
-    for line in lines:
-        print("  ".join(str(v).rjust(w) if c > 2 else str(v).ljust(w)
-                        for c, (v, w) in enumerate(zip(line, widths))))
+    print_columns(lines, left=3)
     for r in rows:
         if r["torch_error"]:
             print(f"{r['shape']}/{r['routing']}/{r['layout']}: torch baseline failed: "
@@ -240,7 +237,7 @@ def main(argv=None) -> int:
         print("bench_expert_ffn: no CUDA device; this benchmark needs an SM90 GPU",
               file=sys.stderr)
         return 2
-    cute_moe = import_cute_moe()
+    import_cute_moe()
     from cute_moe import _ops
     if not _ops.SWIGLU_REGISTERED:
         print("bench_expert_ffn: the loaded op library has no cute_moe::grouped_mm_swiglu / "
@@ -269,13 +266,8 @@ def main(argv=None) -> int:
               f"{'error vs fp32 sums' if k.startswith('db') else 'difference to the torch block'}"
               f" {v:.2e} > {BIAS_TOL if k.startswith('db') else AGREE_TOL}", file=sys.stderr)
     if args.json:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    cute_moe=cute_moe.__version__, cuda=torch.version.cuda,
-                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
-                    reps=args.reps, warmup=args.warmup, alpha=ALPHA, limit=LIMIT,
-                    shapes={k: SHAPES[k] for k in args.shapes})
-        write_json(args.json, meta, rows)
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, alpha=ALPHA, limit=LIMIT,
+                                       shapes={k: SHAPES[k] for k in args.shapes}), rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 

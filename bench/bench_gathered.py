@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from common import git_commit, import_cute_moe, time_ms, write_json
+from common import git_commit, import_cute_moe, run_meta, time_ms, write_json
 
 # tokens T, hidden H, up-projection width N = 2I, experts E, top-k, activation, limit
 SHAPES = {
@@ -80,8 +80,8 @@ def main() -> int:
               f"{r['fused_ms']:.3f} | {r['fused_vs_gather_gemm']:.2f}x | {r['fused_tflops']:.0f} | "
               f"{r['gemm_tflops']:.0f} | {r['same_bits']} |")
     if args.json:
-        write_json(args.json, dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()),
-                                   git_commit=git_commit(), command=" ".join(sys.argv), reps=args.reps), rows_out)
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup,
+                                       shapes={k: SHAPES[k] for k in args.shapes.split(",")}), rows_out)
     return 0 if all(r["same_bits"] for r in rows_out) else 1
 
 

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import re
 import sys
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
+from common import fmt, import_cute_moe, print_columns, rel_error, run_meta, time_ms, write_json
 
 # tokens T, hidden H, expert intermediate I, experts E, top-k; up-projection width 2I (GLU).
 SHAPES = {
@@ -140,10 +139,7 @@ def print_table(rows: list[dict]) -> None:
                       fmt(tf(r["ours_ms"]), ".0f"), fmt(tf(r["torch_ms"]), ".0f"),
                       fmt(speedup, ".2f") + ("x" if speedup else ""),
                       fmt(r["rel_error"], ".1e")))
-    widths = [max(len(str(line[c])) for line in lines) for c in range(len(head))]
-    for line in lines:
-        print("  ".join(str(v).rjust(w) if c > 2 else str(v).ljust(w)
-                        for c, (v, w) in enumerate(zip(line, widths))))
+    print_columns(lines, left=3)
 
 
 def parse_args(argv=None):
@@ -183,7 +179,7 @@ def main(argv=None) -> int:
         print("bench_grouped_gemm: no CUDA device; this benchmark needs an SM90 GPU",
               file=sys.stderr)
         return 2
-    cute_moe = import_cute_moe()
+    import_cute_moe()
     from cute_moe import testing
 
     rows = []
@@ -219,13 +215,8 @@ def main(argv=None) -> int:
         print(f"MISMATCH {r['shape']}/{r['routing']}/{r['gemm']}: rel error vs "
               f"torch._grouped_mm {r['rel_error']:.2e} > {SPOT_CHECK_TOL}", file=sys.stderr)
     if args.json:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    cute_moe=cute_moe.__version__, cuda=torch.version.cuda,
-                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv),
-                    config=args.config, reps=args.reps, warmup=args.warmup,
-                    shapes={k: SHAPES[k] for k in args.shapes})
-        write_json(args.json, meta, rows)
+        write_json(args.json, run_meta(config=args.config, reps=args.reps, warmup=args.warmup,
+                                       shapes={k: SHAPES[k] for k in args.shapes}), rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 

@@ -10,12 +10,11 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
 import torch
 
-from common import fmt, git_commit, import_cute_moe, rel_error, time_ms, write_json
+from common import fmt, import_cute_moe, print_columns, rel_error, run_meta, time_ms, write_json
 
 # tokens T, hidden H, experts E, top-k (M = T*k routed rows).
 SHAPES = {
@@ -106,10 +105,7 @@ def print_table(rows: list[dict]) -> None:
         lines.append((r["shape"], r["op"], f"{r['bytes'] / 1e6:.0f}", fmt(r["ours_ms"], ".3f"),
                       fmt(r["torch_ms"], ".3f"), fmt(bw(r["ours_ms"]), ".0f"), fmt(bw(r["torch_ms"]), ".0f"),
                       fmt(r["torch_ms"] / r["ours_ms"], ".2f") + "x", fmt(r["rel_error"], ".1e")))
-    widths = [max(len(str(line[c])) for line in lines) for c in range(len(head))]
-    for line in lines:
-        print("  ".join(str(v).rjust(w) if c > 1 else str(v).ljust(w)
-                        for c, (v, w) in enumerate(zip(line, widths))))
+    print_columns(lines, left=2)
 
 
 def parse_args(argv=None):
@@ -134,7 +130,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_permute: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
         return 2
-    cute_moe = import_cute_moe()
+    import_cute_moe()
     if not hasattr(torch.ops.cute_moe, "gather_rows"):
         print("bench_permute: the loaded op library has no gather_rows (rebuild it)", file=sys.stderr)
         return 2
@@ -147,11 +143,8 @@ def main(argv=None) -> int:
         print(f"MISMATCH {r['shape']}/{r['op']}: rel error vs torch {r['rel_error']:.2e} > "
               f"{SPOT_CHECK_TOL}", file=sys.stderr)
     if args.json:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cute_moe=cute_moe.__version__,
-                    cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv), reps=args.reps,
-                    warmup=args.warmup, shapes={k: SHAPES[k] for k in args.shapes})
-        write_json(args.json, meta, rows)
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup,
+                                       shapes={k: SHAPES[k] for k in args.shapes}), rows)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if bad else 0
 

@@ -4,15 +4,18 @@
 # installed package or, failing that, this checkout's python/.
 from __future__ import annotations
 
+import datetime
 import os
 import sys
+
+import torch
 
 try:
     import cute_moe  # noqa: F401
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from cute_moe.bench.report import git_commit, write_json  # noqa: E402,F401
+from cute_moe.bench.report import align_columns, git_commit, write_json  # noqa: E402,F401
 from cute_moe.bench.runner import peak_bytes, time_ms  # noqa: E402,F401
 from cute_moe.testing import rel_error  # noqa: E402,F401
 
@@ -27,3 +30,19 @@ def import_cute_moe():
     from cute_moe._library import require_library
     require_library("the benchmark")
     return cute_moe
+
+
+def print_columns(lines, left: int) -> None:
+    """Prints rows of cells as aligned columns, the first `left` of them left-aligned."""
+    for line in align_columns(lines, left):
+        print(line)
+
+
+def run_meta(**extra) -> dict:
+    """The record of a run for the JSON file: device, versions, date, commit and command,
+    plus the script's own settings."""
+    import cute_moe
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                cute_moe=cute_moe.__version__, cuda=torch.version.cuda,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv), **extra)

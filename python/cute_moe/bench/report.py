@@ -6,10 +6,20 @@ import json
 import os
 import subprocess
 
-__all__ = ["format_table", "write_json", "write_png", "git_commit"]
+__all__ = ["align_columns", "format_table", "write_json", "write_png", "git_commit"]
+
 
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def align_columns(lines, left: int = 1) -> list[str]:
+    """The rows of cells as text columns: the first `left` columns left-aligned (names),
+    the others right-aligned (numbers)."""
+    lines = [[str(v) for v in line] for line in lines]
+    widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
+    return ["  ".join(v.ljust(w) if c < left else v.rjust(w) for c, (v, w) in enumerate(zip(line, widths)))
+            for line in lines]
 
 
 def format_table(rows: list[dict]) -> str:
@@ -31,14 +41,10 @@ def format_table(rows: list[dict]) -> str:
                   f"{_fmt(gib[0], '.2f')}/{_fmt(gib[1], '.2f')}",
                   _fmt(r["rel_diff"]["out"], ".1e")]
         lines.append(tuple(cells))
-    widths = [max(len(line[c]) for line in lines) for c in range(len(head))]
-    out = ["MoE layer forward / backward (median ms; x = torchtitan-style / cute-moe; "
-           "TF/s over the expert GEMM FLOPs; peak = memory above the weights and inputs "
-           "during one forward+backward; out diff = ||ours - torch|| / ||torch||)"]
-    for line in lines:
-        out.append("  ".join(v.ljust(w) if c == 0 else v.rjust(w)
-                             for c, (v, w) in enumerate(zip(line, widths))))
-    return "\n".join(out)
+    return "\n".join(["MoE layer forward / backward (median ms; x = torchtitan-style / cute-moe; "
+                      "TF/s over the expert GEMM FLOPs; peak = memory above the weights and inputs "
+                      "during one forward+backward; out diff = ||ours - torch|| / ||torch||)"]
+                     + align_columns(lines))
 
 
 def git_commit() -> str | None:
