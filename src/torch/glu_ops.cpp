@@ -59,10 +59,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
   a.ldh = h.stride(0);
   a.glu = opts;
   if (a.gemm.m == 0) return {h, pre};
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, x);
-  throw_if_error(glu_forward(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(glu_forward, a, x);
   return {h, pre};
 }
 
@@ -99,10 +96,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
   a.ldh = h.stride(0);
   a.glu = opts;
   if (m == 0) return {h, pre};
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, x);
-  throw_if_error(glu_forward(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(glu_forward, a, x);
   return {h, pre};
 }
 
@@ -148,10 +142,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   }
   a.glu = opts;
   if (a.gemm.m == 0) return {dpre, h, dprob};
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, dy);
-  throw_if_error(glu_backward(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(glu_backward, a, dy);
   return {dpre, h, dprob};
 }
 

@@ -27,10 +27,7 @@ at::Tensor grouped_mm_cuda(const at::Tensor& x, const at::Tensor& w, const at::T
   RaggedMGemmArgs a = ragged_m_args(x, w, offs, bias, y);
   if (a.m == 0) return y;
 
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, x);
-  throw_if_error(ragged_m_gemm(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(ragged_m_gemm, a, x);
   return y;
 }
 
@@ -67,10 +64,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_wgrad_cuda(const at::Tensor& x, co
   a.dw_dtype = dtype == at::kFloat ? DType::kF32 : DType::kBF16;
   a.dbias = bias_grad ? db.data_ptr<float>() : nullptr;
 
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, x);
-  throw_if_error(ragged_k_gemm(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(ragged_k_gemm, a, x);
   return {dw, db};
 }
 
@@ -87,10 +81,7 @@ at::Tensor grouped_mm_scaled_cuda(const at::Tensor& x, const at::Tensor& w, cons
   a.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.row_scale = optional_scales(prob, "prob", x.size(0), "M", x);
   if (a.m == 0) return y;
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, x);
-  throw_if_error(ragged_m_gemm(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(ragged_m_gemm, a, x);
   return y;
 }
 
@@ -112,10 +103,7 @@ at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs
   a.ld = src.stride(0);
   a.row_scale = optional_scales(row_scale, "row_scale", src.size(0), "M", src);
   a.out = out.data_ptr<float>();
-  size_t bytes = 0;
-  throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = workspace(bytes, src);
-  throw_if_error(group_column_sum(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  enqueue_with_workspace(group_column_sum, a, src);
   return out;
 }
 

@@ -1,8 +1,11 @@
-// Tensor checks and argument builders shared by the op files: each check names the
-// tensor and says what was expected.
+// Tensor checks, argument builders and the call runner shared by the op files: each
+// check names the tensor and says what was expected.
 #pragma once
 
+#include <type_traits>
+
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include "cute_moe/grouped_gemm.h"
 
@@ -33,8 +36,16 @@ inline void throw_if_error(const Result& r) {
   if (!r.ok()) TORCH_CHECK(false, "cute_moe: ", r.message, " [", status_name(r.status), "]");
 }
 
-inline at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
+// Runs one of the core's workspace-taking entry points (ragged_m_gemm, glu_forward, ...):
+// sizes its workspace, allocates it on `like`'s device and enqueues the call on the current
+// stream, default options.
+template <typename Args, typename... Options>
+void enqueue_with_workspace(Result (*call)(const Args&, void*, size_t, cudaStream_t, Options...), const Args& a,
+                            const at::Tensor& like) {
+  size_t bytes = 0;
+  throw_if_error(workspace_size(a, &bytes));
+  at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
+  throw_if_error(call(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream(), std::decay_t<Options>{}...));
 }
 
 // Ragged-M GEMM arguments for y = x @ w[e] (+ bias[e]) with w (E, K, N) in either layout.
