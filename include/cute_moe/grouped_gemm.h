@@ -150,6 +150,18 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
 enum class GemmFamily { kRaggedM, kRaggedK };
 std::vector<std::string> list_tile_configs(GemmFamily family);
 
+// Every compiled kernel: the call it serves ("ragged_m", "ragged_m_bcol", "ragged_k_bf16",
+// "ragged_k_f32", "glu_forward", "glu_forward_bcol", "glu_forward_gather", "glu_backward",
+// "glu_backward_bcol"), the activation of its epilogue ("" for the plain GEMMs; the
+// names of fused_glu.h's GluActivation: "swiglu_oai", ..., "none") and its tile
+// configuration's name (what GemmOptions::config / CUTE_MOE_CONFIG take).
+struct KernelInfo {
+  std::string call;
+  std::string activation;
+  std::string config;
+};
+std::vector<KernelInfo> list_kernels();
+
 // The configuration the heuristic picks for these arguments (what ragged_*_gemm runs
 // when GemmOptions::config is null and CUTE_MOE_CONFIG is unset).
 Result chosen_tile_config(const RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts = {});

@@ -1,6 +1,7 @@
 # cute-moe: grouped GEMMs for mixture-of-experts layers (CUDA kernels behind torch ops,
 # with pure-PyTorch references that double as the CPU implementation).
 from . import reference, reference_permute, repack
+from ._checks import offs_check_enabled, set_offs_check
 from ._library import library_loaded
 from .expert_ffn import expert_ffn, grouped_mm_downproj, grouped_mm_swiglu
 from .functional import grouped_mm
@@ -11,4 +12,4 @@ from . import nn  # noqa: E402  (cute_moe.nn.MoE, GroupedExperts: built on the a
 __version__ = "0.1.0"
 
 __all__ = ["grouped_mm", "grouped_mm_act_gathered", "expert_ffn", "grouped_mm_swiglu", "grouped_mm_downproj", "permute",
-           "library_loaded", "nn", "reference", "reference_permute", "repack", "__version__"]
+           "library_loaded", "set_offs_check", "offs_check_enabled", "nn", "reference", "reference_permute", "repack", "__version__"]

@@ -3,6 +3,8 @@
 # the same message. Shapes, dtypes, strides and devices only: offs is never read here.
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -17,6 +19,12 @@ def _tensor(op: str, name: str, t, ndim: int, dtype: torch.dtype) -> None:
         _fail(op, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
     if t.dtype != dtype:
         _fail(op, name, f"dtype {dtype}", t.dtype)
+
+
+def _unit_columns(t: torch.Tensor) -> bool:
+    """Whether t's columns are adjacent in memory; an empty tensor has no layout (autograd
+    hands e.g. expanded (0, N) gradients with strides (0, 0))."""
+    return t.numel() == 0 or t.shape[1] <= 1 or t.stride(1) == 1
 
 
 def _same_device(op: str, ref_name: str, ref: torch.Tensor, **others) -> None:
@@ -44,7 +52,7 @@ def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm",
     _offs(op, offs, num_groups, f"{nw}.shape[0], the number of groups")
     if x.shape[1] != k:
         _fail(op, nx, f"{k} columns ({nw}.shape[1])", f"shape {tuple(x.shape)}")
-    if x.stride(1) != 1 and x.shape[1] > 1:
+    if not _unit_columns(x):
         _fail(op, nx, "unit column stride (call .contiguous())", f"strides {x.stride()}")
     if w.stride(2) != 1 and w.stride(1) != 1:
         _fail(op, nw, f"{nw}.stride(2) == 1 (E, K, N) or {nw}.stride(1) == 1 (a transposed "
@@ -109,7 +117,7 @@ def check_pre_args(pre, m: int, inter: int, ref_name: str, ref: torch.Tensor, op
     _tensor(op, name, pre, 2, torch.bfloat16)
     if tuple(pre.shape) != (m, 2 * inter):
         _fail(op, name, f"shape {(m, 2 * inter)} (M, 2I)", f"shape {tuple(pre.shape)}")
-    if pre.stride(1) != 1:
+    if not _unit_columns(pre):
         _fail(op, name, "unit column stride (call .contiguous())", f"strides {pre.stride()}")
     _same_device(op, ref_name, ref, **{name: pre})
 
@@ -193,7 +201,7 @@ def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale=None, prob=None, out_b
     _tensor(op, "pre", pre, 2, torch.bfloat16)
     if tuple(pre.shape) != (dy.shape[0], width):
         _fail(op, "pre", f"shape {(dy.shape[0], width)}", f"shape {tuple(pre.shape)}")
-    if pre.stride(1) != 1:
+    if not _unit_columns(pre):
         _fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
     _same_device(op, "dy", dy, pre=pre)
     check_scales(op, "scale", scale, w.shape[0], "one per group", "dy", dy)
@@ -209,3 +217,52 @@ def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale=None, prob=None, out_b
                   f"shape {tuple(out_bias.shape)}")
         _same_device(op, "dy", dy, out_bias=out_bias)
     check_swiglu_params(alpha, limit, op)
+
+
+# --- checked offsets (a debugging mode) ----------------------------------------------
+# offs is read on the device only: a non-monotone or out-of-range entry stops the kernel
+# with a printed message and a trap, which leaves the CUDA context unusable for the rest
+# of the process. For debugging, the checked mode reads offs on the host first (one
+# synchronisation per call) and raises a ValueError naming the first bad entry instead.
+
+CHECK_OFFS_ENV = "CUTE_MOE_CHECK_OFFS"
+_check_offs: bool | None = None  # None: follow the environment variable
+
+
+def set_offs_check(enabled: bool | None) -> None:
+    """Turns the checked-offsets mode on (True) or off (False) for this process; None
+    leaves it to the environment variable CUTE_MOE_CHECK_OFFS (on when set to anything
+    but "" or "0"). In checked mode every public function that takes offs copies it to
+    the host (a synchronisation: for debugging, not for training runs, and skipped while
+    torch.compile traces) and raises ValueError at the first entry that is negative,
+    below its predecessor or past the rows it indexes."""
+    global _check_offs
+    _check_offs = None if enabled is None else bool(enabled)
+
+
+def offs_check_enabled() -> bool:
+    if _check_offs is not None:
+        return _check_offs
+    return os.environ.get(CHECK_OFFS_ENV, "") not in ("", "0")
+
+
+def check_offs_values(op: str, offs: torch.Tensor, m: int, m_name: str) -> None:
+    """In checked mode: offs must be non-decreasing cumulative end offsets in [0, m]."""
+    if torch.compiler.is_compiling() or not offs_check_enabled():
+        return
+    if isinstance(offs, torch._subclasses.fake_tensor.FakeTensor) or offs.device.type == "meta":
+        return
+    values = offs.detach().to("cpu", torch.int64).tolist()
+    prev = 0
+    for e, end in enumerate(values):
+        if end < 0:
+            why = "is negative"
+        elif end < prev:
+            why = f"is below offs[{e - 1}] = {prev} (offs must be non-decreasing)"
+        elif end > m:
+            why = f"is past the {m} rows of {m_name}"
+        else:
+            prev = end
+            continue
+        raise ValueError(f"cute_moe.{op}: offs[{e}] = {end} {why}; offs holds cumulative end "
+                         f"offsets in [0, {m}] (checked mode, {CHECK_OFFS_ENV})")

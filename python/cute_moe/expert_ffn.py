@@ -22,7 +22,7 @@ import torch
 
 from . import _ops
 from ._checks import (check_activation, check_grouped_mm_args, check_grouped_mm_swiglu_args,
-                      check_pre_args, check_scales, check_swiglu_params)
+                      check_offs_values, check_pre_args, check_scales, check_swiglu_params)
 from ._checks_permute import check_permute_args
 from .functional import grouped_mm
 from .permute import permute as _permute
@@ -288,6 +288,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
        Hopper (docs/perf-notes.md); elsewhere x is gathered first. Same result either way.
     Returns y (M, H) bf16. Differentiable with respect to every tensor argument but offs.
+    A bad offs (decreasing, negative or past M) stops the kernel with a message and a
+    trap that leaves the CUDA context unusable; cute_moe.set_offs_check(True) (or
+    CUTE_MOE_CHECK_OFFS=1) checks it on the host first and raises ValueError (a sync per
+    call: for debugging).
     """
     op = "expert_ffn"
     limit = default_limit(activation) if limit is _DEFAULT else limit
@@ -319,6 +323,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                          f"(E, I, H), got shape {tuple(w_down.shape)}")
     check_grouped_mm_args(_h_like(x, m, inter), w_down, offs, b_down, op=op,
                           names={"x": "h", "w": "w_down", "bias": "b_down"})
+    check_offs_values(op, offs, m, "x" if rows is None else "gather's rows")
     if prob is not None and isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
         prob = prob.to(torch.float32)
     check_scales(op, "prob", prob, m, "one per routed row", "x", x)
@@ -381,6 +386,7 @@ def grouped_mm_swiglu(x: torch.Tensor, W_up: torch.Tensor, offs: torch.Tensor,
     """
     check_grouped_mm_swiglu_args(x, W_up, offs, bias, swiglu_alpha, swiglu_limit,
                                  op="grouped_mm_swiglu", names=_UP_NAMES)
+    check_offs_values("grouped_mm_swiglu", offs, x.shape[0], "x")
     act = _Act("swiglu_oai", float(swiglu_alpha), _float(swiglu_limit))
     return _UpProj.apply(x, W_up, offs, bias, None, act, True)
 
@@ -413,6 +419,7 @@ def grouped_mm_downproj(swiglu_out: torch.Tensor, W_down: torch.Tensor, offs: to
     op = "grouped_mm_downproj"
     check_grouped_mm_args(swiglu_out, W_down, offs, bias, op=op, names=_DOWN_NAMES)
     check_swiglu_params(swiglu_alpha, swiglu_limit, op, _DOWN_NAMES)
+    check_offs_values(op, offs, swiglu_out.shape[0], "swiglu_out")
     if aux_biased_acc is None:
         return grouped_mm(swiglu_out, W_down, offs, bias)
     check_pre_args(aux_biased_acc, swiglu_out.shape[0], swiglu_out.shape[1], "swiglu_out",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops
-from ._checks import check_grouped_mm_args
+from ._checks import check_grouped_mm_args, check_offs_values
 from .reference import grouped_mm_ref
 
 __all__ = ["grouped_mm"]
@@ -25,8 +25,13 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
     Returns y (M, N) bf16; rows at or past offs[E-1] are zero. Differentiable with
     respect to x, w and bias. With the compiled library the call never synchronises
     with the host; the fallback reference reads offs on the host.
+    offs is checked on the device: a decreasing, negative or past-M entry stops the
+    kernel with a message and a trap that leaves the CUDA context unusable (restart the
+    process). cute_moe.set_offs_check(True) (or CUTE_MOE_CHECK_OFFS=1) checks it on the
+    host first and raises ValueError naming the first bad entry (one sync per call).
     """
     check_grouped_mm_args(x, w, offs, bias)
+    check_offs_values("grouped_mm", offs, x.shape[0], "x")
     if _ops.REGISTERED:
         return torch.ops.cute_moe.grouped_mm(x, w, offs, bias)
     return grouped_mm_ref(x, w, offs, bias)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops
-from ._checks import check_grouped_mm_act_gathered_args
+from ._checks import check_grouped_mm_act_gathered_args, check_offs_values
 from .expert_ffn import _Act, _UpProj
 from .reference import grouped_mm_act_gathered_ref
 
@@ -33,6 +33,7 @@ def grouped_mm_act_gathered(x: torch.Tensor, rows: torch.Tensor, w: torch.Tensor
     `gather` takes the inverse permutation for a deterministic sum). Without the compiled
     op it runs the reference (x[rows] then grouped_mm_act) under plain autograd."""
     check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
+    check_offs_values("grouped_mm_act_gathered", offs, rows.shape[0], "rows")
     if _ops.GATHER_REGISTERED:
         act = _Act(activation, float(alpha), None if limit is None else float(limit))
         return _UpProj.apply(x, w, offs, bias, scale, act, True, rows, None)

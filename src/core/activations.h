@@ -106,13 +106,15 @@ using Geglu = GatedUnit<GeluTanhGate, 0>;
 // h = relu(a)^2, not gated.
 struct SquaredRelu {
   static constexpr bool kGated = false;
+  // relu as torch has it: a NaN stays NaN (so a NaN in training stays visible).
+  CUTE_MOE_HOST_DEVICE static float relu(float a) { return a < 0.0f ? 0.0f : a; }
   CUTE_MOE_HOST_DEVICE static float forward(float a, const GluParams&) {
-    const float r = a > 0.0f ? a : 0.0f;
+    const float r = relu(a);
     return r * r;
   }
   // Returns h; writes dh * dh/da.
   CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const GluParams&, float& da) {
-    const float r = a > 0.0f ? a : 0.0f;
+    const float r = relu(a);
     da = dh * 2.0f * r;
     return r * r;
   }

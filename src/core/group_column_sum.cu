@@ -59,6 +59,7 @@ __global__ void column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* of
   const int32_t g = blockIdx.x;
   const int64_t used = rows_in_use(offs, num_groups, m);
   const GroupRows rows = group_rows(offs, g);
+  require_valid_rows(rows, m, g, "group_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
   const int64_t begin = rows.begin < 0 ? 0 : rows.begin;
   const int64_t end = rows.end < used ? rows.end : used;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

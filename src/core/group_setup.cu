@@ -16,15 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kArrayAlign = 128;
 
-__device__ __forceinline__ void require_valid_rows(GroupRows r, int64_t m, int32_t e, const char* op) {
-  if (!r.valid(m)) {
-    printf("cute_moe %s: invalid offs at group %d: rows [%lld, %lld) of m=%lld; offs must be non-decreasing "
-           "cumulative end offsets in [0, m]\n",
-           op, e, static_cast<long long>(r.begin), static_cast<long long>(r.end), static_cast<long long>(m));
-    __trap();
-  }
-}
-
 __device__ __forceinline__ void require_valid_gather(int32_t source, int64_t row, int64_t x_rows) {
   if (source < 0 || source >= x_rows) {
     printf("cute_moe glu_forward: invalid gather_rows[%lld] = %d; row indices must be in [0, x_rows=%lld)\n",

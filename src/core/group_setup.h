@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 
 #include <cuda_runtime_api.h>
 
@@ -29,6 +30,24 @@ struct GroupRows {
 CUTE_MOE_HOST_DEVICE GroupRows group_rows(const int32_t* offs, int32_t e) {
   return {e == 0 ? 0 : static_cast<int64_t>(offs[e - 1]), static_cast<int64_t>(offs[e])};
 }
+
+#if defined(__CUDACC__)
+// The device-side check of offs: a group whose rows break the contract stops the kernel
+// with a printed message and a trap (the CUDA context is then unusable), so nothing is
+// computed from, or written through, bad offsets. Every thread checks before it uses the
+// rows; `report` says whether this one prints (one thread per group is enough).
+__device__ __forceinline__ void require_valid_rows(GroupRows r, int64_t m, int32_t e, const char* op,
+                                                   bool report = true) {
+  if (!r.valid(m)) {
+    if (report) {
+      printf("cute_moe %s: invalid offs at group %d: rows [%lld, %lld) of m=%lld; offs must be non-decreasing "
+             "cumulative end offsets in [0, m]\n",
+             op, e, static_cast<long long>(r.begin), static_cast<long long>(r.end), static_cast<long long>(m));
+    }
+    __trap();
+  }
+}
+#endif
 
 // The group owning `row`: the smallest e with offs[e] > row, or num_groups for a padding row.
 CUTE_MOE_HOST_DEVICE int32_t group_of_row(const int32_t* offs, int32_t num_groups, int64_t row) {

@@ -62,6 +62,34 @@ const char* variant_name(KernelVariant v) {
   return "?";
 }
 
+// The names list_kernels() reports.
+const char* kernel_call_name(KernelVariant v) {
+  switch (v) {
+    case KernelVariant::RaggedM_BRow: return "ragged_m";
+    case KernelVariant::RaggedM_BCol: return "ragged_m_bcol";
+    case KernelVariant::RaggedK_OutBF16: return "ragged_k_bf16";
+    case KernelVariant::RaggedK_OutF32: return "ragged_k_f32";
+    case KernelVariant::GluFwd_BRow: return "glu_forward";
+    case KernelVariant::GluFwd_BCol: return "glu_forward_bcol";
+    case KernelVariant::GluFwdGather_BRow: return "glu_forward_gather";
+    case KernelVariant::GluBwd_BRow: return "glu_backward";
+    case KernelVariant::GluBwd_BCol: return "glu_backward_bcol";
+  }
+  return "?";
+}
+
+const char* kernel_act_name(detail::Act a) {
+  switch (a) {
+    case detail::Act::None: return "";
+    case detail::Act::SwigluOai: return "swiglu_oai";
+    case detail::Act::Swiglu: return "swiglu";
+    case detail::Act::Geglu: return "geglu";
+    case detail::Act::Srelu: return "srelu";
+    case detail::Act::Identity: return "none";
+  }
+  return "?";
+}
+
 // Everything a call needs decided on the host before enqueueing.
 struct Plan {
   const KernelEntry* kernel = nullptr;
@@ -425,6 +453,14 @@ std::vector<std::string> list_tile_configs(GemmFamily family) {
     if (!seen) names.push_back(e.name);
   }
   return names;
+}
+
+std::vector<KernelInfo> list_kernels() {
+  std::vector<KernelInfo> out;
+  for (const auto& e : detail::kernel_registry()) {
+    out.push_back({kernel_call_name(e.config.variant), kernel_act_name(e.config.act), e.name});
+  }
+  return out;
 }
 
 Result chosen_tile_config(const RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts) {

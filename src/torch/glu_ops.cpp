@@ -56,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
   a.gemm = ragged_m_args(x, w, offs, bias, pre);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
-  a.ldh = h.stride(0);
+  a.ldh = row_stride(h);
   a.glu = opts;
   if (a.gemm.m == 0) return {h, pre};
   enqueue_with_workspace(glu_forward, a, x);
@@ -93,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
   a.gemm.x_rows = x.size(0);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
-  a.ldh = h.stride(0);
+  a.ldh = row_stride(h);
   a.glu = opts;
   if (m == 0) return {h, pre};
   enqueue_with_workspace(glu_forward, a, x);
@@ -132,9 +132,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", dy);
   a.gemm.row_scale = optional_scales(prob, "prob", dy.size(0), "M", dy);
   a.pre = pre.data_ptr();
-  a.ldpre = pre.stride(0);
+  a.ldpre = row_stride(pre);
   a.dpre = dpre.data_ptr();
-  a.lddpre = dpre.stride(0);
+  a.lddpre = row_stride(dpre);
   if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
   if (out_bias.has_value()) {
     a.out_bias = out_bias->data_ptr();

@@ -57,9 +57,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_wgrad_cuda(const at::Tensor& x, co
   a.num_groups = static_cast<int32_t>(num_groups);
   a.offs = offs.data_ptr<int32_t>();
   a.x = x.data_ptr();
-  a.ldx = x.stride(0);
+  a.ldx = row_stride(x);
   a.dy = dy.data_ptr();
-  a.lddy = dy.stride(0);
+  a.lddy = row_stride(dy);
   a.dw = dw.data_ptr();
   a.dw_dtype = dtype == at::kFloat ? DType::kF32 : DType::kBF16;
   a.dbias = bias_grad ? db.data_ptr<float>() : nullptr;
@@ -100,16 +100,24 @@ at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs
   a.num_groups = static_cast<int32_t>(num_groups);
   a.offs = offs.data_ptr<int32_t>();
   a.src = src.data_ptr();
-  a.ld = src.stride(0);
+  a.ld = row_stride(src);
   a.row_scale = optional_scales(row_scale, "row_scale", src.size(0), "M", src);
   a.out = out.data_ptr<float>();
   enqueue_with_workspace(group_column_sum, a, src);
   return out;
 }
 
+// The compiled kernels as "call:activation:config" strings (see cute_moe::list_kernels).
+std::vector<std::string> kernel_table() {
+  std::vector<std::string> rows;
+  for (const auto& k : list_kernels()) rows.push_back(k.call + ":" + k.activation + ":" + k.config);
+  return rows;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cute_moe, m) {
+  m.def("kernel_table() -> str[]", &kernel_table);
   m.def("grouped_mm(Tensor x, Tensor w, Tensor offs, Tensor? bias=None) -> Tensor");
   m.def(
       "grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, ScalarType? out_dtype=None, bool bias_grad=False) "

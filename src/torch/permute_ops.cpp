@@ -58,9 +58,6 @@ void check_choices(const at::Tensor& index, const std::optional<at::Tensor>& wei
   check_contiguous(*weight, "weight");
 }
 
-// Row stride of a matrix the core reads or writes; a size-1 dimension may carry any stride.
-int64_t row_stride(const at::Tensor& t) { return t.size(0) <= 1 ? t.size(1) : t.stride(0); }
-
 at::Tensor gather_rows_cuda(const at::Tensor& src, const at::Tensor& index, const std::optional<at::Tensor>& scale) {
   check_operand(src, "src", at::kBFloat16, 2, src, "src");
   check_row_length(src, "src");

@@ -27,10 +27,17 @@ inline void check_offs(const at::Tensor& offs, const at::Tensor& x, int64_t num_
               offs.strides());
 }
 
+// An empty tensor has no layout to check (autograd hands e.g. expanded (0, n) gradients
+// with strides [0, 0]); the core reads no element of it.
 inline void check_row_major(const at::Tensor& t, const char* name) {
+  if (t.numel() == 0) return;
   TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "cute_moe: ", name,
               " must have unit stride along its last dimension (call .contiguous()), got strides ", t.strides());
 }
+
+// Row pitch of a matrix the core reads or writes: a matrix of at most one row (or none)
+// may carry any stride along its rows, so it gets its row length.
+inline int64_t row_stride(const at::Tensor& t) { return t.size(0) <= 1 ? t.size(1) : t.stride(0); }
 
 inline void throw_if_error(const Result& r) {
   if (!r.ok()) TORCH_CHECK(false, "cute_moe: ", r.message, " [", status_name(r.status), "]");
@@ -58,7 +65,7 @@ inline RaggedMGemmArgs ragged_m_args(const at::Tensor& x, const at::Tensor& w, c
   a.num_groups = static_cast<int32_t>(w.size(0));
   a.offs = offs.data_ptr<int32_t>();
   a.x = x.data_ptr();
-  a.ldx = x.stride(0);
+  a.ldx = row_stride(x);
   a.w = w.data_ptr();
   a.w_stride_group = w.stride(0);
   // A dimension of size 1 has an arbitrary stride: keep the one that says "contiguous".
@@ -69,7 +76,7 @@ inline RaggedMGemmArgs ragged_m_args(const at::Tensor& x, const at::Tensor& w, c
     a.bias_stride_group = bias->stride(0);
   }
   a.y = y.data_ptr();
-  a.ldy = y.stride(0);
+  a.ldy = row_stride(y);
   return a;
 }
 

@@ -70,6 +70,23 @@ TEST(SwigluOai, NanPropagatesLikeTorchClamp) {
   EXPECT_TRUE(std::isnan(SwigluOai::forward(1.0f, std::numeric_limits<float>::quiet_NaN(), p)));
 }
 
+TEST(SquaredRelu, NanPropagatesLikeTorchRelu) {
+  // torch.relu(nan) is nan, and so is its gradient through the square: a NaN in training
+  // must stay visible rather than turn into 0.
+  GluParams p;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float da = 0.0f;
+  EXPECT_TRUE(std::isnan(SquaredRelu::forward(nan, p)));
+  EXPECT_TRUE(std::isnan(SquaredRelu::backward(nan, 1.0f, p, da)));
+  EXPECT_TRUE(std::isnan(da));
+  EXPECT_EQ(SquaredRelu::forward(-2.0f, p), 0.0f);
+  EXPECT_EQ(SquaredRelu::forward(3.0f, p), 9.0f);
+  SquaredRelu::backward(-2.0f, 1.0f, p, da);
+  EXPECT_EQ(da, 0.0f);
+  SquaredRelu::backward(3.0f, 0.5f, p, da);
+  EXPECT_EQ(da, 3.0f);
+}
+
 TEST(Identity, PassesValuesAndGradientsThrough) {
   GluParams p;
   float da = 0.0f;

@@ -40,6 +40,19 @@ TEST(Registry, ListsConfigsPerFamily) {
   EXPECT_EQ(std::set<std::string>(m.begin(), m.end()).size(), m.size());
 }
 
+TEST(Registry, ListKernelsReportsEveryRowByCallActivationAndConfig) {
+  const auto kernels = list_kernels();
+  const auto& reg = detail::kernel_registry();
+  ASSERT_EQ(kernels.size(), reg.size());
+  for (size_t i = 0; i < reg.size(); ++i) {
+    EXPECT_EQ(kernels[i].config, reg[i].name);
+    EXPECT_NE(kernels[i].call, "?");
+    // Plain GEMMs have no activation, the fused ones always one.
+    const bool fused = kernels[i].call.rfind("glu_", 0) == 0;
+    EXPECT_EQ(kernels[i].activation.empty(), !fused) << kernels[i].call << " " << kernels[i].activation;
+  }
+}
+
 TEST(Registry, CutlassWorkspaceGrowsWithTheSmCountNotTheProblem) {
   for (const auto& e : detail::kernel_registry()) {
     EXPECT_LE(e.workspace_size(32, 66), e.workspace_size(32, 132)) << e.name;

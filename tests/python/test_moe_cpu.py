@@ -290,7 +290,7 @@ def test_fused_call_contract(monkeypatch):
                            None if b_down is None else b_down.float(), prob,
                            activation=activation, alpha=swiglu_alpha, limit=limit).to(x.dtype)
 
-    monkeypatch.setattr(_EF, "expert_ffn", fake, raising=False)
+    monkeypatch.setattr(importlib.import_module("cute_moe.nn.experts"), "expert_ffn", fake)
     moe = _moe(dict(swiglu_alpha=1.5), dtype=F32)  # fp32 master weights, bf16 compute
     x = torch.randn(10, 24, dtype=BF16)
     out = moe(x)

@@ -4,27 +4,15 @@
 # reference for dtypes the kernels do not take.
 from __future__ import annotations
 
-import importlib
-
 import torch
 from torch import nn
 
+from ..expert_ffn import expert_ffn
 from ..reference_moe import ACTIVATIONS, check_activation, default_limit, experts_ref, up_width
 
 __all__ = ["GroupedExperts"]
 
 IMPLS = ("auto", "fused", "reference")
-
-
-def _expert_ffn():
-    # by module name: the package's `expert_ffn` attribute is the function once exported
-    # (looked up per call, not cached, so that tests may substitute it)
-    mod = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.expert_ffn")
-    fn = getattr(mod, "expert_ffn", None)
-    if fn is None:
-        raise RuntimeError("cute_moe.nn.GroupedExperts: this cute_moe has no expert_ffn; use "
-                           "impl='reference'")
-    return fn
 
 
 class GroupedExperts(nn.Module):
@@ -113,7 +101,7 @@ class GroupedExperts(nn.Module):
                 kwargs["prob"] = prob.float()
             if gather is not None:
                 kwargs["gather"] = gather
-            return _expert_ffn()(x, w_up, w_down, offs, b_up, b_down, **kwargs)
+            return expert_ffn(x, w_up, w_down, offs, b_up, b_down, **kwargs)
         if gather is not None:
             x = x[gather[0].long()]
         return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob,

@@ -1,0 +1,117 @@
+# Every row of the compiled kernel table (torch.ops.cute_moe.kernel_table(), the core's
+# list_kernels) forced once with CUTE_MOE_CONFIG on a shape that exercises it (partial
+# tiles in M, N and K, an empty group, padding rows, more tiles than a 2x1 cluster
+# covers) and checked against the fp32 reference. The heuristic alone never picks some
+# rows at the sizes the other tests use; this is where each is known to compute the
+# right thing. CUTE_MOE_LOG_CONFIG confirms that the forced kernel is the one that ran.
+import zlib
+
+import pytest
+import torch
+
+import cute_moe
+from cute_moe import reference as ref
+from cute_moe import testing
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded"),
+]
+
+BF16, F32 = torch.bfloat16, torch.float32
+ROWS = list(torch.ops.cute_moe.kernel_table()) if cute_moe.library_loaded() else []
+# m used rows + PAD padding rows, k the reduction, n the output width (up width for the
+# fused forward), over E groups with one empty: every tile shape of the table leaves a
+# partial tile in each dimension (tile_k 64 and 128 both: k = 5.5 * 64).
+M, PAD, K, N, E = 1100, 37, 352, 528, 5
+SIZES = [400, 0, 251, 300, 149]
+ALPHA = 1.702
+
+CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "glu_forward",
+         "glu_forward_bcol", "glu_forward_gather", "glu_backward", "glu_backward_bcol")
+
+
+def _row_id(row: str) -> str:
+    return row.replace(":", "-").replace("--", "-")
+
+
+def test_every_row_is_covered():
+    assert ROWS, "the library reports no kernels"
+    for row in ROWS:
+        call, _, config = row.split(":")
+        assert call in CALLS, f"{row}: a call this sweep does not know; add it to the sweep"
+        assert config
+
+
+def _randn(g, *shape, s=1.0):
+    return (torch.randn(*shape, device="cuda", generator=g) * s).to(BF16)
+
+
+def _weight(g, k, n, bcol):
+    """(E, k, n) operand: row-major, or a transposed view of a row-major (E, n, k)."""
+    if bcol:
+        return _randn(g, E, n, k, s=2.0 * k ** -0.5).transpose(-2, -1)
+    return _randn(g, E, k, n, s=2.0 * k ** -0.5)
+
+
+def _check(name, got, want):
+    err = testing.rel_error(got, want)
+    assert err <= testing.tolerance(BF16), f"{name}: relative error {err:.3e}"
+
+
+def _run(call, act, g, offs):
+    limit = ref.default_limit(act) if act else None
+    ops = torch.ops.cute_moe
+    if call.startswith("ragged_m"):
+        x, w = _randn(g, M + PAD, K), _weight(g, K, N, call.endswith("bcol"))
+        bias = _randn(g, E, N, s=0.5)
+        _check("y", ops.grouped_mm(x, w, offs, bias), ref.grouped_mm_ref(x, w, offs, bias, out_dtype=F32))
+    elif call.startswith("ragged_k"):
+        dtype = BF16 if call.endswith("bf16") else F32
+        x, dy = _randn(g, M + PAD, K), _randn(g, M + PAD, N)
+        dw, _ = ops.grouped_mm_wgrad(x, dy, offs, dtype)
+        assert dw.dtype == dtype
+        _check("dw", dw, ref.grouped_mm_wgrad_ref(x, dy, offs, F32))
+    elif call.startswith("glu_forward"):
+        w, bias = _weight(g, K, N, call.endswith("bcol")), _randn(g, E, N, s=0.5)
+        scale = torch.rand(E, device="cuda", generator=g) + 0.5
+        if call.endswith("gather"):
+            tokens = _randn(g, 700, K)
+            rows = torch.randint(0, 700, (M + PAD,), device="cuda", generator=g, dtype=torch.int32)
+            h, pre = ops.grouped_mm_act_gathered(tokens, rows, w, offs, bias, scale, act, ALPHA, limit)
+            want_h, want_pre = ref.grouped_mm_act_gathered_ref(tokens, rows, w, offs, bias, scale, act,
+                                                               ALPHA, limit)
+        else:
+            x = _randn(g, M + PAD, K)
+            h, pre = ops.grouped_mm_act(x, w, offs, bias, scale, act, ALPHA, limit)
+            want_h, want_pre = ref.grouped_mm_act_ref(x, w, offs, bias, scale, act, ALPHA, limit)
+        _check("pre", pre, want_pre)
+        _check("h", h, want_h)
+    else:  # glu_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
+        gated = act in ref.GATED_ACTIVATIONS
+        inter = N // 2 if gated else N
+        w = _weight(g, K, inter, call.endswith("bcol"))
+        dy = _randn(g, M + PAD, K)
+        pre = _randn(g, M + PAD, 2 * inter if gated else inter, s=3.0)
+        scale = torch.rand(E, device="cuda", generator=g) + 0.5
+        prob = torch.rand(M + PAD, device="cuda", generator=g)
+        out_bias = _randn(g, E, K, s=0.5)
+        dpre, hp, dprob = ops.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA,
+                                                 limit)
+        want = ref.grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA, limit)
+        for name, a, b in zip(("dpre", "hp", "dprob"), (dpre, hp, dprob), want):
+            _check(name, a, b)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[_row_id(r) for r in ROWS])
+def test_forced_row_matches_the_reference(row, monkeypatch, capfd):
+    call, act, config = row.split(":")
+    monkeypatch.setenv("CUTE_MOE_CONFIG", config)
+    monkeypatch.setenv("CUTE_MOE_LOG_CONFIG", "1")
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(row.encode()))
+    offs = torch.tensor(SIZES, device="cuda").cumsum(0).to(torch.int32)
+    assert int(offs[-1]) == M
+    _run(call, act, g, offs)
+    torch.cuda.synchronize()
+    log = capfd.readouterr().err
+    assert f"-> {config} (forced)" in log, f"the forced kernel did not run: {log!r}"
