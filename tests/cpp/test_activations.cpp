@@ -11,6 +11,7 @@ namespace {
 
 using cute_moe::detail::GluParams;
 using cute_moe::detail::Identity;
+using cute_moe::detail::SquaredRelu;
 using cute_moe::detail::SwigluOai;
 
 double reference(double a, double b, double alpha, double limit, bool has_limit) {
