@@ -8,7 +8,7 @@
 // every call is free of host synchronisation and can be captured in a CUDA graph and
 // replayed with different routing.
 //
-// Conventions (see docs/design.md of the project):
+// Conventions:
 //   offs[e] is the cumulative END row of group e; group e owns rows [offs[e-1], offs[e])
 //   with offs[-1] := 0. Groups may be empty. Rows at or past offs[E-1] are padding.
 //   bf16 inputs, fp32 accumulation, each output rounded once.
@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,7 @@ constexpr int32_t kMaxGroups = 1 << 16;
 
 // y[r, :] = row_scale[r] * (group_scale[e] * (x[r, :] @ W_e) + bias[e, :]) for every row
 // r of group e; each of row_scale, group_scale and bias is optional (1, 1, 0). The group
-// scale is the seed's per-expert alpha, the row scale the router probability of a routed
+// scale is a per-expert alpha, the row scale the router probability of a routed
 // row (the down projection of an expert FFN). Computed in fp32, rounded once.
 //
 // W_e is the (k x n) matrix at w + e * w_stride_group whose element (i, j) sits at
@@ -70,7 +71,7 @@ struct RaggedMGemmArgs {
   // the tokens, gather_rows the token of each routed row). Row r of the GEMM reads row
   // gather_rows[r] of x, which then has x_rows rows. gather_rows: device int32, one per
   // row below offs[E-1], each in [0, x_rows) (checked on the device, like offs).
-  // glu_forward with a weight of unit stride along n only; null: row r reads x row r.
+  // act_forward with a weight of unit stride along n only; null: row r reads x row r.
   const int32_t* gather_rows = nullptr;
   int64_t x_rows = 0;
 };
@@ -110,21 +111,32 @@ struct GroupColumnSumArgs {
   float* out = nullptr;  // fp32 (num_groups, n) contiguous
 };
 
-// Per-call choices that do not change the result.
+// Per-call choices that do not change the result. The core reads no environment
+// variables; options_from_environment() makes these from them (the torch ops do, per call).
 struct GemmOptions {
   // Name of a tile configuration (see list_tile_configs), or nullptr to let the
-  // heuristic choose. The environment variable CUTE_MOE_CONFIG overrides the
-  // heuristic too; CUTE_MOE_LOG_CONFIG=1 prints every choice to stderr.
+  // heuristic choose. Environment: CUTE_MOE_CONFIG.
   const char* config = nullptr;
   // Multiprocessors the persistent kernels may use; 0 means all of the device's.
   int sm_count = 0;
   // Order in which the persistent CTAs walk a group's output tiles: 'm' (down a column
   // of tiles first), 'n' (along a row first) or 0 for the heuristic; and the size of the
-  // swizzled blocks of tiles (1, 2, 4 or 8; 0 for the heuristic). Environment variables
-  // CUTE_MOE_RASTER and CUTE_MOE_SWIZZLE override the heuristic the same way.
+  // swizzled blocks of tiles (1, 2, 4 or 8; 0 for the heuristic). Environment:
+  // CUTE_MOE_RASTER, CUTE_MOE_SWIZZLE.
   char raster = 0;
   int swizzle = 0;
+  // Print every choice to stderr. Environment: CUTE_MOE_LOG_CONFIG=1.
+  bool log = false;
 };
+
+// The options the environment variables above ask for (unset ones: the defaults). `config`
+// points into the environment: valid until it changes.
+GemmOptions options_from_environment();
+
+// Returns `bytes` of 128-byte aligned device memory that stays valid until the stream has
+// passed the call, or nullptr. The allocator forms of the calls below ask for exactly the
+// planned workspace, so they plan once (workspace_size + the call plan twice).
+using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
 // Argument checks alone (also run by the calls below).
 Result validate(const RaggedMGemmArgs& args);
@@ -143,6 +155,10 @@ Result ragged_m_gemm(const RaggedMGemmArgs& args, void* workspace, size_t worksp
                      cudaStream_t stream, const GemmOptions& opts = {});
 Result ragged_k_gemm(const RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream, const GemmOptions& opts = {});
+Result ragged_m_gemm(const RaggedMGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                     const GemmOptions& opts = {});
+Result ragged_k_gemm(const RaggedKGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                     const GemmOptions& opts = {});
 Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream);
 
@@ -150,11 +166,12 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
 enum class GemmFamily { kRaggedM, kRaggedK };
 std::vector<std::string> list_tile_configs(GemmFamily family);
 
-// Every compiled kernel: the call it serves ("ragged_m", "ragged_m_bcol", "ragged_k_bf16",
-// "ragged_k_f32", "glu_forward", "glu_forward_bcol", "glu_forward_gather", "glu_backward",
-// "glu_backward_bcol"), the activation of its epilogue ("" for the plain GEMMs; the
-// names of fused_glu.h's GluActivation: "swiglu_oai", ..., "none") and its tile
-// configuration's name (what GemmOptions::config / CUTE_MOE_CONFIG take).
+// Every compiled kernel (the rows codegen/kernel_space.py declares): the call it serves
+// ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
+// "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol"), the
+// activation of its epilogue ("" for the plain GEMMs, else a name of activation.h:
+// "swiglu_oai", ..., "none") and its tile configuration's name (what GemmOptions::config /
+// CUTE_MOE_CONFIG take).
 struct KernelInfo {
   std::string call;
   std::string activation;

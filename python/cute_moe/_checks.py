@@ -161,7 +161,7 @@ def check_grouped_mm_scaled_args(x, w, offs, bias=None, scale=None, prob=None,
     check_scales(op, "prob", prob, x.shape[0], "one per row of x", "x", x)
 
 
-def check_grouped_mm_act_args(x, w, offs, bias=None, scale=None, activation="swiglu",
+def check_grouped_mm_act_args(x, w, offs, bias=None, scale=None, activation="swiglu_oai",
                               alpha=1.702, limit=None, op: str = "grouped_mm_act") -> None:
     from .reference import GATED_ACTIVATIONS
     check_activation(activation, limit, op)
@@ -177,7 +177,7 @@ def check_grouped_mm_act_args(x, w, offs, bias=None, scale=None, activation="swi
 
 
 def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias=None, scale=None,
-                                       activation="swiglu", alpha=1.702, limit=None,
+                                       activation="swiglu_oai", alpha=1.702, limit=None,
                                        op: str = "grouped_mm_act_gathered") -> None:
     """grouped_mm_act's rules for x (T, K) plus rows (M,) int32 on x's device and a weight
     contiguous along N (the gathered kernel loads B as (E, K, N) row-major)."""
@@ -191,7 +191,7 @@ def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias=None, scale=None,
 
 
 def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
-                                  prob_grad=False, activation="swiglu", alpha=1.702,
+                                  prob_grad=False, activation="swiglu_oai", alpha=1.702,
                                   limit=None, op: str = "grouped_mm_act_bwd") -> None:
     from .reference import GATED_ACTIVATIONS
     check_activation(activation, limit, op)

@@ -70,7 +70,7 @@ def _cpu_grouped_mm_scaled(x, w, offs, bias=None, scale=None, prob=None):
     return grouped_mm_scaled_ref(x, w, offs, bias, scale, prob)
 
 
-def _fake_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu", alpha=1.702,
+def _fake_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu_oai", alpha=1.702,
                          limit=None):
     check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
     n = w.shape[2]
@@ -78,27 +78,27 @@ def _fake_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu",
         x.new_empty(x.shape[0], n)
 
 
-def _cpu_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu", alpha=1.702,
+def _cpu_grouped_mm_act(x, w, offs, bias=None, scale=None, activation="swiglu_oai", alpha=1.702,
                         limit=None):
     check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
     return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit)
 
 
-def _fake_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu",
+def _fake_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu_oai",
                                   alpha=1.702, limit=None):
     check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
     n, m = w.shape[2], rows.shape[0]
     return x.new_empty(m, n // 2 if activation in GATED_ACTIVATIONS else n), x.new_empty(m, n)
 
 
-def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu",
+def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias=None, scale=None, activation="swiglu_oai",
                                  alpha=1.702, limit=None):
     check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
     return grouped_mm_act_gathered_ref(x, rows, w, offs, bias, scale, activation, alpha, limit)
 
 
 def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
-                             prob_grad=False, activation="swiglu", alpha=1.702, limit=None):
+                             prob_grad=False, activation="swiglu_oai", alpha=1.702, limit=None):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
                                   activation, alpha, limit)
     m = dy.shape[0]
@@ -107,7 +107,7 @@ def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=N
 
 
 def _cpu_grouped_mm_act_bwd(dy, w, offs, pre, scale=None, prob=None, out_bias=None,
-                            prob_grad=False, activation="swiglu", alpha=1.702, limit=None):
+                            prob_grad=False, activation="swiglu_oai", alpha=1.702, limit=None):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
                                   activation, alpha, limit)
     return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad,

@@ -1,5 +1,6 @@
 // Activations of an expert FFN, as functors shared by the fused epilogues (device) and
-// the C++ tests (host). design.md section 2 defines them.
+// the C++ tests (host); codegen/kernel_space.py declares which exist (name, functor,
+// gated, default limit) and cute_moe/activation.h, generated from it, their formulas.
 //
 // Gated activations (kGated) map a (gate a, linear b) pair of the up-projection output to
 // one value h = f(g) * (u + offset), with g = min(a, L) and u = clamp(b, -L, L) when a
@@ -7,7 +8,7 @@
 // non-gated ones map one value to one value. Derivatives follow PyTorch autograd of the
 // reference exactly, clamp masks included (clamp passes the gradient where the input
 // lies inside the closed interval). Adding an activation is adding a functor here and a
-// row per kernel in kernel_table.h; the epilogues are generic over the functor.
+// row in codegen/kernel_space.py's ACTIVATIONS; the epilogues are generic over the functor.
 #pragma once
 
 #include <cmath>
@@ -17,7 +18,7 @@
 namespace cute_moe::detail {
 
 // Runtime parameters of the activations (unused fields are ignored).
-struct GluParams {
+struct ActParams {
   float alpha = 1.702f;   // swiglu_oai: sigmoid scale
   float limit = 7.0f;     // gated activations: clamp limit
   bool has_limit = true;  // false: no clamping
@@ -43,7 +44,7 @@ CUTE_MOE_HOST_DEVICE float tanh_fast(float x) {
 
 // Gate functions f(g) of the gated activations, with their derivative f'(g).
 struct SiluAlphaGate {  // g * sigmoid(alpha * g) (GPT-OSS)
-  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams& p, float* deriv) {
+  CUTE_MOE_HOST_DEVICE static float value(float g, const ActParams& p, float* deriv) {
     const float s = sigmoid(p.alpha * g);
     if (deriv != nullptr) *deriv = s + p.alpha * g * s * (1.0f - s);
     return g * s;
@@ -51,7 +52,7 @@ struct SiluAlphaGate {  // g * sigmoid(alpha * g) (GPT-OSS)
 };
 
 struct SiluGate {  // g * sigmoid(g)
-  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams&, float* deriv) {
+  CUTE_MOE_HOST_DEVICE static float value(float g, const ActParams&, float* deriv) {
     const float s = sigmoid(g);
     if (deriv != nullptr) *deriv = s + g * s * (1.0f - s);
     return g * s;
@@ -59,7 +60,7 @@ struct SiluGate {  // g * sigmoid(g)
 };
 
 struct GeluTanhGate {  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (torch's approximate="tanh")
-  CUTE_MOE_HOST_DEVICE static float value(float g, const GluParams&, float* deriv) {
+  CUTE_MOE_HOST_DEVICE static float value(float g, const ActParams&, float* deriv) {
     constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
     constexpr float kKappa = 0.044715f;
     const float t = tanh_fast(kBeta * g * (1.0f + kKappa * g * g));
@@ -75,19 +76,19 @@ template <class Gate, int kLinearOffset>
 struct GatedUnit {
   static constexpr bool kGated = true;
 
-  CUTE_MOE_HOST_DEVICE static float clamp_gate(float a, const GluParams& p) {
+  CUTE_MOE_HOST_DEVICE static float clamp_gate(float a, const ActParams& p) {
     return p.has_limit && a > p.limit ? p.limit : a;
   }
-  CUTE_MOE_HOST_DEVICE static float clamp_linear(float b, const GluParams& p) {
+  CUTE_MOE_HOST_DEVICE static float clamp_linear(float b, const ActParams& p) {
     return !p.has_limit ? b : (b < -p.limit ? -p.limit : (b > p.limit ? p.limit : b));
   }
 
-  CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const GluParams& p) {
+  CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const ActParams& p) {
     return Gate::value(clamp_gate(a, p), p, nullptr) * (clamp_linear(b, p) + float(kLinearOffset));
   }
 
   // Returns h; writes dh * dh/da and dh * dh/db.
-  CUTE_MOE_HOST_DEVICE static float backward(float a, float b, float dh, const GluParams& p, float& da, float& db) {
+  CUTE_MOE_HOST_DEVICE static float backward(float a, float b, float dh, const ActParams& p, float& da, float& db) {
     const bool a_in = !p.has_limit || a <= p.limit;
     const bool b_in = !p.has_limit || (b >= -p.limit && b <= p.limit);
     float df;
@@ -108,12 +109,12 @@ struct SquaredRelu {
   static constexpr bool kGated = false;
   // relu as torch has it: a NaN stays NaN (so a NaN in training stays visible).
   CUTE_MOE_HOST_DEVICE static float relu(float a) { return a < 0.0f ? 0.0f : a; }
-  CUTE_MOE_HOST_DEVICE static float forward(float a, const GluParams&) {
+  CUTE_MOE_HOST_DEVICE static float forward(float a, const ActParams&) {
     const float r = relu(a);
     return r * r;
   }
   // Returns h; writes dh * dh/da.
-  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const GluParams&, float& da) {
+  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const ActParams&, float& da) {
     const float r = relu(a);
     da = dh * 2.0f * r;
     return r * r;
@@ -125,8 +126,8 @@ struct SquaredRelu {
 // p * h in the epilogue, as for the other activations.
 struct Identity {
   static constexpr bool kGated = false;
-  CUTE_MOE_HOST_DEVICE static float forward(float a, const GluParams&) { return a; }
-  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const GluParams&, float& da) {
+  CUTE_MOE_HOST_DEVICE static float forward(float a, const ActParams&) { return a; }
+  CUTE_MOE_HOST_DEVICE static float backward(float a, float dh, const ActParams&, float& da) {
     da = dh;
     return a;
   }

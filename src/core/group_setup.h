@@ -2,9 +2,10 @@
 //
 // The per-group math (rows of a group, its GEMM problem shape) is written once as
 // host/device functions so the C++ tests check on the host exactly what the setup
-// kernels compute on the device. The launchers enqueue one small kernel that fills the
-// GroupArrays (kernel_registry.h) and writes the zeros the GEMM itself does not write
-// (padding rows in ragged M, the gradients of empty groups in ragged K).
+// kernels compute on the device. The launcher enqueues one small kernel that fills the
+// GroupArrays (kernel_registry.h) of a GemmProblem (gemm_problem.h) and writes the zeros
+// the GEMM itself does not write (padding rows in ragged M, the gradients of empty groups
+// in ragged K).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cute_moe/grouped_gemm.h"
+#include "gemm_problem.h"
 #include "host_device.h"
 #include "kernel_registry.h"
 
@@ -76,26 +77,15 @@ CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, in
   out[2] = rows > 0 ? rows : 0;
 }
 
-// Extra row-aligned operands of the fused epilogues (rows follow y's groups).
-struct RaggedMExtras {
-  int64_t y_elem_bytes = 2;  // bf16 y; 4 where y holds packed bf16 pairs
-  const void* c = nullptr;  // source operand C
-  int64_t ldc = 0;          // in C elements
-  int64_t c_elem_bytes = 0;
-  void* aux = nullptr;      // bf16 second output
-  int64_t ldaux = 0;
-  int64_t aux_cols = 0;     // its width, for zeroing padding rows
-  float* row_partial = nullptr;  // GLU backward: row-scale-gradient partials, (tiles, m) fp32
-};
+// The per-group arrays `p` needs (those of absent operands stay null), laid out one after
+// another, each 128-byte aligned: their bytes, and the arrays carved from `base`.
+size_t group_arrays_bytes(const GemmProblem& p);
+GroupArrays carve_group_arrays(void* base, const GemmProblem& p);
 
-// Bytes of the per-group arrays for `num_groups` groups (each array 128-byte aligned).
-size_t group_arrays_bytes(int32_t num_groups);
-// Carves the arrays out of `base` (which must hold group_arrays_bytes()).
-GroupArrays carve_group_arrays(void* base, int32_t num_groups);
-
-cudaError_t launch_ragged_m_setup(const RaggedMGemmArgs& args, const RaggedMExtras& extras,
-                                  const GroupArrays& groups, int sm_count, cudaStream_t stream);
-cudaError_t launch_ragged_k_setup(const RaggedKGemmArgs& args, const GroupArrays& groups, int sm_count,
-                                  cudaStream_t stream);
+// Enqueues the setup kernel of `p`: fills `groups` (carved for p) from the device offsets,
+// checks them, and writes the zeros the GEMM does not (ragged M: padding rows of D and aux;
+// ragged K: the blocks of empty groups). row_partial: p.row_scale_grad's (tiles, m) scratch.
+cudaError_t launch_group_setup(const GemmProblem& p, const GroupArrays& groups, float* row_partial, int sm_count,
+                               cudaStream_t stream);
 
 }  // namespace cute_moe::detail

@@ -20,14 +20,12 @@ double relative_rate(const TileConfig& c) {
   return 0.7;
 }
 
-bool is_ragged_m(KernelVariant v) { return v != KernelVariant::RaggedK_OutBF16 && v != KernelVariant::RaggedK_OutF32; }
-
 }  // namespace
 
 std::string tile_config_name(const TileConfig& c) {
   return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_" +
          std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + "_" +
-         (c.schedule == Schedule::Cooperative ? "coop" : "pong");
+         schedule_short_name(c.schedule);
 }
 
 int64_t output_tiles(const GroupedProblem& p, const TileConfig& c) {
@@ -69,10 +67,10 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // The fused activation backward's epilogue (dact, two outputs, the row-scale-gradient
   // sums) is the heaviest: fewer, larger tiles won 3-4% at both the GPT-OSS and the
   // Qwen3 shapes (docs/perf-notes.md, "activation family").
-  const bool glu_backward = p.variant == KernelVariant::GluBwd_BRow || p.variant == KernelVariant::GluBwd_BCol;
+  const bool act_backward = p.variant == KernelVariant::ActBwd_BRow || p.variant == KernelVariant::ActBwd_BCol;
 
   LaunchChoice choice;
-  const TileConfig want = short_reduction && !glu_backward ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
+  const TileConfig want = short_reduction && !act_backward ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
                                           : TileConfig{p.variant, 128, 256, 64, 2, 1, Schedule::Cooperative};
   for (size_t i = 0; i < candidates.size(); ++i) {
     const TileConfig& c = candidates[i];

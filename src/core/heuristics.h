@@ -22,11 +22,14 @@ struct GroupedProblem {
   KernelVariant variant;
   int64_t m, n, k;
   int32_t num_groups;
-  Act act = Act::None;  // the GLU variants' activation
+  Act act = Act::Unfused;  // the activation variants' activation
+  Arch arch = Arch::Sm90;  // the device's
 };
 
-// Whether a compiled kernel computes this problem's variant (and activation).
-inline bool serves(const TileConfig& c, const GroupedProblem& p) { return c.variant == p.variant && c.act == p.act; }
+// Whether a compiled kernel computes this problem's variant (and activation) on its arch.
+inline bool serves(const TileConfig& c, const GroupedProblem& p) {
+  return c.variant == p.variant && c.act == p.act && c.arch == p.arch;
+}
 
 // Output tiles of one launch with this tile shape, the rows spread evenly over groups.
 int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
@@ -46,14 +49,15 @@ struct LaunchChoice {
   int swizzle = 1;
 };
 
-// Measured rules first (docs/perf-notes.md, "v2"): a short reduction (ragged M: k <= 3072;
-// ragged K: <= 1536 rows per group on average, since skew deepens some groups; n <= 3072
-// for both) runs the 128x128 pingpong kernel, whose epilogue overlaps the other warpgroup's
-// mainloop; longer ones, and every fused activation backward, the 128x256 cooperative kernel. Tall groups (rows per group >= n),
-// and every pingpong launch (never slower so, faster under skew), walk tiles along n,
-// keeping the expert's weight in L2 while rows stream past. Falls back
-// to the cost model when the preferred kernel is not compiled for the variant, and for
-// tiny ragged-M groups (<= 64 rows on average), where 64-row tiles can win.
+// Measured rules first (docs/perf-notes.md, "v2"), by tile role (codegen/kernel_space.py):
+// a short reduction (ragged M: k <= 3072; ragged K: <= 1536 rows per group on average,
+// since skew deepens some groups; n <= 3072 for both) runs the "narrow" tile (128x128
+// pingpong, whose epilogue overlaps the other warpgroup's mainloop); longer ones, and every
+// fused activation backward, the "wide" one (128x256 cooperative). Tall groups (rows per
+// group >= n), and every pingpong launch (never slower so, faster under skew), walk tiles
+// along n, keeping the expert's weight in L2 while rows stream past. Falls back to the cost
+// model when the variant has no tile of the wanted role, and for tiny ragged-M groups
+// (<= 64 rows on average), where the "small" tile can win.
 LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

@@ -1,5 +1,6 @@
-// Internal interface between the host API (grouped_gemm.cu) and the kernel
-// instantiations (kernel_instance.cuh, one generated .cu per kernel_table.h row).
+// Internal interface between the host API (grouped_gemm.cpp) and the kernel
+// instantiations (sm90/kernel_instance.cuh; one generated .cu per row of the dispatch
+// table, which codegen/generate.py derives from codegen/kernel_space.py).
 //
 // The host API builds the per-group arrays on the device (group_setup.cu), picks a row
 // of the table and calls its launch function; nothing here includes CUTLASS, so the
@@ -15,6 +16,7 @@
 
 #include "activations.h"
 #include "cute_moe/status.h"
+#include "device_info.h"
 #include "kernel_types.h"
 
 namespace cute_moe::detail {
@@ -45,7 +47,7 @@ struct GroupArrays {
   // go (one per row and tile column, tile columns row_partial_stride floats apart).
   float** row_partial = nullptr;
   int64_t row_partial_stride = 0;
-  // Gathered A (GluFwdGather_*): per group, a pointer to its first row's index into x (a
+  // Gathered A (ActFwdGather_*): per group, a pointer to its first row's index into x (a
   // then points at x itself).
   const int32_t** gather_rows = nullptr;
 };
@@ -58,10 +60,11 @@ struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool raster_along_n = false;  // tile order of the persistent scheduler
   int swizzle = 1;              // 1, 2, 4 or 8
-  GluParams glu;                // gated-activation epilogues only
+  ActParams act;                // activation epilogues only
 };
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
+// Defined per arch (sm90/kernel_instance.cuh) and instantiated by the generated units.
+template <Arch AR, KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct KernelInstance {
   static Result launch(const GroupArrays& groups, const LaunchContext& ctx);
   static size_t workspace_size(int32_t num_groups, int sm_count);
@@ -74,7 +77,11 @@ struct KernelEntry {
   size_t (*workspace_size)(int32_t num_groups, int sm_count);
 };
 
-// Every row of kernel_table.h, in table order.
+// Every row of the dispatch table (generated kernel_table.inc), in table order.
 const std::vector<KernelEntry>& kernel_registry();
+
+// The compiled arch whose kernels run on this device, or kNotSupported saying in one
+// sentence which devices are supported.
+Result kernel_arch_for(const DeviceInfo& device, Arch* arch);
 
 }  // namespace cute_moe::detail

@@ -7,17 +7,21 @@
 // Sums run in a fixed order (choices j in order, per lane over its vectors, then a fixed
 // shuffle tree), so results are bitwise reproducible.
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <string>
 
 #include <cuda_bf16.h>
 
 #include "cute_moe/permute.h"
+#include "device_info.h"
 
 namespace cute_moe {
 
 namespace {
+
+using detail::cuda_error;
+using detail::current_device;
+using detail::DeviceInfo;
 
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 8;
@@ -241,25 +245,14 @@ __global__ void __launch_bounds__(kThreads) gather_rows_dot_kernel(VecMatrix a, 
   }
 }
 
-Result cuda_error(const char* what, cudaError_t err) {
-  return Result::error(Status::kCudaError, std::string(what) + ": " + cudaGetErrorString(err));
-}
-
 // Grid of a grid-stride launch over `rows` warp-rows: up to blocks_per_sm blocks per
-// multiprocessor, no more than the rows need. The multiprocessor count is cached per device.
+// multiprocessor, no more than the rows need.
 Result grid_for(int64_t rows, int blocks_per_sm, unsigned* blocks) {
-  static std::atomic<int> sm_counts[64];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return cuda_error("cudaGetDevice", err);
-  int sms = device < 64 ? sm_counts[device].load(std::memory_order_relaxed) : 0;
-  if (sms <= 0) {
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", err);
-    if (device < 64) sm_counts[device].store(sms, std::memory_order_relaxed);
-  }
+  DeviceInfo dev;
+  Result r = current_device(&dev);
+  if (!r.ok()) return r;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  *blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sms} * blocks_per_sm)));
+  *blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{dev.sm_count} * blocks_per_sm)));
   return Result::success();
 }
 

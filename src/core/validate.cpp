@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "arg_rules.h"
-#include "cute_moe/fused_glu.h"
+#include "cute_moe/fused_activation.h"
 
 namespace cute_moe {
 
@@ -75,7 +75,7 @@ namespace {
 Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather) {
   Checker c(op);
   if (a.gather_rows != nullptr) {
-    c.require(gather, "gather_rows is fused into glu_forward only (gather the rows first, e.g. with permute_rows)");
+    c.require(gather, "gather_rows is fused into act_forward only (gather the rows first, e.g. with permute_rows)");
     c.require(a.w_stride_n == 1, "gather_rows needs a weight with unit stride along n (a row-major (E, k, n) tensor)");
     c.require(a.x_rows >= 1 && a.x_rows <= kInt32Max, "x_rows (rows of the gathered x) must be in [1, 2^31), got x_rows=",
               a.x_rows);
@@ -119,27 +119,31 @@ Result validate(const RaggedKGemmArgs& a) {
 
 namespace {
 
-void check_glu(Checker& c, const GluOptions& g) {
+// False for a value outside the enum (recorded as the error): nothing else can be checked.
+bool check_activation(Checker& c, const ActivationOptions& g) {
   const int act = static_cast<int>(g.activation);
-  c.require(act >= static_cast<int>(GluActivation::kSwigluOai) && act <= static_cast<int>(GluActivation::kNone),
-            "unknown activation ", act);
-  c.require(is_gated(g.activation) || !g.has_limit,
-            "srelu and none take no clamp limit (has_limit must be false)");
+  if (act < 0 || act >= kNumActivations) {
+    c.require(false, "unknown activation ", act, " (expected one of ", activation_names(), ")");
+    return false;
+  }
+  c.require(is_gated(g.activation) || !g.has_limit, activation_name(g.activation),
+            " takes no clamp limit (has_limit must be false): only gated activations clamp");
   c.require(std::isfinite(g.alpha), "the activation's alpha must be finite, got ", g.alpha);
   c.require(!g.has_limit || (std::isfinite(g.limit) && g.limit >= 0), "the activation's limit must be finite and >= 0, got ",
             g.limit);
+  return true;
 }
 
 }  // namespace
 
-Result validate(const GluForwardArgs& a) {
-  Result r = validate_ragged_m(a.gemm, "glu_forward", true);
+Result validate(const ActForwardArgs& a) {
+  Result r = validate_ragged_m(a.gemm, "act_forward", true);
   if (!r.ok()) return r;
-  Checker c("glu_forward");
-  check_glu(c, a.glu);
-  c.require(a.glu.activation != GluActivation::kNone,
-            "activation none has no fused forward (h = pre: run ragged_m_gemm)");
-  const bool gated = is_gated(a.glu.activation);
+  Checker c("act_forward");
+  if (!check_activation(c, a.act)) return c.result();
+  c.require(activation_info(a.act.activation).fused_forward, "activation ", activation_name(a.act.activation),
+            " has no fused forward (h = pre: run ragged_m_gemm)");
+  const bool gated = is_gated(a.act.activation);
   c.require(!gated || a.gemm.n % 16 == 0,
             "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=", a.gemm.n);
   c.require(a.gemm.row_scale == nullptr, "row_scale must be null (it scales the down projection)");
@@ -148,13 +152,13 @@ Result validate(const GluForwardArgs& a) {
   return c.result();
 }
 
-Result validate(const GluBackwardArgs& a) {
-  Result r = validate_ragged_m(a.gemm, "glu_backward", false);
+Result validate(const ActBackwardArgs& a) {
+  Result r = validate_ragged_m(a.gemm, "act_backward", false);
   if (!r.ok()) return r;
-  Checker c("glu_backward");
+  Checker c("act_backward");
   c.require(a.gemm.bias == nullptr, "bias must be null (the input gradient has no bias)");
-  check_glu(c, a.glu);
-  const bool gated = is_gated(a.glu.activation);
+  if (!check_activation(c, a.act)) return c.result();
+  const bool gated = is_gated(a.act.activation);
   const int64_t pre_cols = gated ? 2 * a.gemm.n : a.gemm.n;
   const char* pre_name = gated ? "2n" : "n";
   c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);

@@ -27,7 +27,7 @@ at::Tensor grouped_mm_cuda(const at::Tensor& x, const at::Tensor& w, const at::T
   RaggedMGemmArgs a = ragged_m_args(x, w, offs, bias, y);
   if (a.m == 0) return y;
 
-  enqueue_with_workspace(ragged_m_gemm, a, x);
+  enqueue_planned(ragged_m_gemm, a, x);
   return y;
 }
 
@@ -64,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_wgrad_cuda(const at::Tensor& x, co
   a.dw_dtype = dtype == at::kFloat ? DType::kF32 : DType::kBF16;
   a.dbias = bias_grad ? db.data_ptr<float>() : nullptr;
 
-  enqueue_with_workspace(ragged_k_gemm, a, x);
+  enqueue_planned(ragged_k_gemm, a, x);
   return {dw, db};
 }
 
@@ -81,7 +81,7 @@ at::Tensor grouped_mm_scaled_cuda(const at::Tensor& x, const at::Tensor& w, cons
   a.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.row_scale = optional_scales(prob, "prob", x.size(0), "M", x);
   if (a.m == 0) return y;
-  enqueue_with_workspace(ragged_m_gemm, a, x);
+  enqueue_planned(ragged_m_gemm, a, x);
   return y;
 }
 

@@ -43,16 +43,34 @@ inline void throw_if_error(const Result& r) {
   if (!r.ok()) TORCH_CHECK(false, "cute_moe: ", r.message, " [", status_name(r.status), "]");
 }
 
-// Runs one of the core's workspace-taking entry points (ragged_m_gemm, glu_forward, ...):
-// sizes its workspace, allocates it on `like`'s device and enqueues the call on the current
-// stream, default options.
-template <typename Args, typename... Options>
-void enqueue_with_workspace(Result (*call)(const Args&, void*, size_t, cudaStream_t, Options...), const Args& a,
+// A workspace tensor of `bytes` on `like`'s device. Freed when the op returns: the caching
+// allocator reuses it only for work queued behind this call on the same stream.
+inline at::Tensor workspace_tensor(size_t bytes, const at::Tensor& like) {
+  return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
+}
+
+// Runs one of the core's planned GEMM calls (ragged_m_gemm, act_forward, ...) on the current
+// stream: planned once, with the options the environment variables ask for
+// (options_from_environment: CUTE_MOE_CONFIG, ...), its workspace allocated on `like`'s device.
+template <typename Args>
+void enqueue_planned(Result (*call)(const Args&, const WorkspaceAllocator&, cudaStream_t, const GemmOptions&),
+                     const Args& a, const at::Tensor& like) {
+  at::Tensor ws;
+  const WorkspaceAllocator allocate = [&](size_t bytes) {
+    ws = workspace_tensor(bytes, like);
+    return ws.data_ptr();
+  };
+  throw_if_error(call(a, allocate, at::cuda::getCurrentCUDAStream(), options_from_environment()));
+}
+
+// Runs a call that takes a sized workspace and no options (group_column_sum).
+template <typename Args>
+void enqueue_with_workspace(Result (*call)(const Args&, void*, size_t, cudaStream_t), const Args& a,
                             const at::Tensor& like) {
   size_t bytes = 0;
   throw_if_error(workspace_size(a, &bytes));
-  at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
-  throw_if_error(call(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream(), std::decay_t<Options>{}...));
+  at::Tensor ws = workspace_tensor(bytes, like);
+  throw_if_error(call(a, ws.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
 }
 
 // Ragged-M GEMM arguments for y = x @ w[e] (+ bias[e]) with w (E, K, N) in either layout.

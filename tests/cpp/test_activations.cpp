@@ -9,7 +9,7 @@
 
 namespace {
 
-using cute_moe::detail::GluParams;
+using cute_moe::detail::ActParams;
 using cute_moe::detail::Identity;
 using cute_moe::detail::SquaredRelu;
 using cute_moe::detail::SwigluOai;
@@ -22,7 +22,7 @@ double reference(double a, double b, double alpha, double limit, bool has_limit)
 
 TEST(SwigluOai, ForwardMatchesTheFormula) {
   for (bool has_limit : {true, false}) {
-    GluParams p;
+    ActParams p;
     p.has_limit = has_limit;
     for (double a : {-30.0, -7.5, -1.0, 0.0, 0.3, 6.9, 7.0, 12.0})
       for (double b : {-9.0, -7.0, -0.5, 0.0, 2.0, 7.0, 40.0}) {
@@ -34,7 +34,7 @@ TEST(SwigluOai, ForwardMatchesTheFormula) {
 }
 
 TEST(SwigluOai, BackwardMatchesCentralDifferencesAwayFromKinks) {
-  GluParams p;
+  ActParams p;
   const double eps = 1e-3;
   for (double a : {-4.0, -1.0, 0.2, 3.0, 6.5, 9.0})
     for (double b : {-8.0, -3.0, 0.4, 5.0, 7.5}) {
@@ -49,7 +49,7 @@ TEST(SwigluOai, BackwardMatchesCentralDifferencesAwayFromKinks) {
 }
 
 TEST(SwigluOai, ClampMasksAreClosedIntervalsLikeTorchClamp) {
-  GluParams p;  // limit 7
+  ActParams p;  // limit 7
   float da, db;
   SwigluOai::backward(7.0f, 7.0f, 1.0f, p, da, db);  // exactly at the limits: gradient passes
   EXPECT_NE(da, 0.0f);
@@ -66,7 +66,7 @@ TEST(SwigluOai, ClampMasksAreClosedIntervalsLikeTorchClamp) {
 }
 
 TEST(SwigluOai, NanPropagatesLikeTorchClamp) {
-  GluParams p;
+  ActParams p;
   EXPECT_TRUE(std::isnan(SwigluOai::forward(std::numeric_limits<float>::quiet_NaN(), 1.0f, p)));
   EXPECT_TRUE(std::isnan(SwigluOai::forward(1.0f, std::numeric_limits<float>::quiet_NaN(), p)));
 }
@@ -74,7 +74,7 @@ TEST(SwigluOai, NanPropagatesLikeTorchClamp) {
 TEST(SquaredRelu, NanPropagatesLikeTorchRelu) {
   // torch.relu(nan) is nan, and so is its gradient through the square: a NaN in training
   // must stay visible rather than turn into 0.
-  GluParams p;
+  ActParams p;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   float da = 0.0f;
   EXPECT_TRUE(std::isnan(SquaredRelu::forward(nan, p)));
@@ -89,7 +89,7 @@ TEST(SquaredRelu, NanPropagatesLikeTorchRelu) {
 }
 
 TEST(Identity, PassesValuesAndGradientsThrough) {
-  GluParams p;
+  ActParams p;
   float da = 0.0f;
   for (float a : {-3.5f, 0.0f, 2.25f}) {
     EXPECT_EQ(Identity::forward(a, p), a);

@@ -2,6 +2,7 @@
 // deterministic column sums, checked on random routings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <vector>
@@ -52,26 +53,63 @@ TEST(ProblemShapes, RaggedMAndRaggedK) {
   EXPECT_EQ(s[2], 0);
 }
 
+// A problem with every optional operand present (fake pointers: only carved, never read).
+GemmProblem full_problem(int32_t groups) {
+  GemmProblem p;
+  p.num_groups = groups;
+  auto fake = [](uintptr_t v) { return reinterpret_cast<const void*>(v); };
+  p.bias = fake(0x100);
+  p.c = {fake(0x200), 8};
+  p.aux = {fake(0x300), 8};
+  p.row_scale = static_cast<const float*>(fake(0x400));
+  p.row_scale_grad = true;
+  p.gather_rows = static_cast<const int32_t*>(fake(0x500));
+  return p;
+}
+
 TEST(GroupArrays, CarvedArraysAreAlignedAndDisjoint) {
   for (int32_t groups : {1, 3, 32, 1000, 65536}) {
-    const size_t bytes = group_arrays_bytes(groups);
+    const GemmProblem p = full_problem(groups);
+    const size_t bytes = group_arrays_bytes(p);
     std::vector<char> buf(bytes + 128);
     char* base = buf.data() + (128 - reinterpret_cast<uintptr_t>(buf.data()) % 128) % 128;
-    GroupArrays g = carve_group_arrays(base, groups);
+    GroupArrays g = carve_group_arrays(base, p);
+    auto at = [](const auto* q) { return reinterpret_cast<const char*>(q); };
+    const size_t e = static_cast<size_t>(groups);
     std::vector<std::pair<const char*, size_t>> arrays = {
-        {reinterpret_cast<const char*>(g.problem_shapes), 12u * groups},
-        {reinterpret_cast<const char*>(g.a), 8u * groups},   {reinterpret_cast<const char*>(g.b), 8u * groups},
-        {reinterpret_cast<const char*>(g.d), 8u * groups},   {reinterpret_cast<const char*>(g.bias), 8u * groups},
-        {reinterpret_cast<const char*>(g.lda), 8u * groups}, {reinterpret_cast<const char*>(g.ldb), 8u * groups},
-        {reinterpret_cast<const char*>(g.ldd), 8u * groups},  {reinterpret_cast<const char*>(g.c), 8u * groups},
-        {reinterpret_cast<const char*>(g.ldc), 8u * groups},  {reinterpret_cast<const char*>(g.aux), 8u * groups},
-        {reinterpret_cast<const char*>(g.ldaux), 8u * groups}};
+        {at(g.problem_shapes), 12 * e}, {at(g.a), 8 * e},     {at(g.b), 8 * e},        {at(g.d), 8 * e},
+        {at(g.bias), 8 * e},            {at(g.lda), 8 * e},   {at(g.ldb), 8 * e},      {at(g.ldd), 8 * e},
+        {at(g.c), 8 * e},               {at(g.ldc), 8 * e},   {at(g.aux), 8 * e},      {at(g.ldaux), 8 * e},
+        {at(g.row_scale), 8 * e},       {at(g.row_partial), 8 * e}, {at(g.gather_rows), 8 * e}};
+    std::sort(arrays.begin(), arrays.end());
     for (size_t i = 0; i < arrays.size(); ++i) {
+      ASSERT_NE(arrays[i].first, nullptr);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(arrays[i].first) % 128, 0u);
+      EXPECT_GE(arrays[i].first, base);
       EXPECT_LE(arrays[i].first + arrays[i].second, base + bytes);
       if (i > 0) EXPECT_GE(arrays[i].first, arrays[i - 1].first + arrays[i - 1].second);
     }
   }
+}
+
+// The arrays of absent operands are not carved: null (what the kernels read as "absent")
+// and no bytes.
+TEST(GroupArrays, AProblemCarvesOnlyWhatItUses) {
+  GemmProblem plain;
+  plain.num_groups = 32;
+  std::vector<char> buf(group_arrays_bytes(full_problem(32)) + 128);
+  char* base = buf.data() + (128 - reinterpret_cast<uintptr_t>(buf.data()) % 128) % 128;
+  const GroupArrays g = carve_group_arrays(base, plain);
+  for (const void* absent : {static_cast<const void*>(g.bias), static_cast<const void*>(g.c),
+                             static_cast<const void*>(g.ldc), static_cast<const void*>(g.aux),
+                             static_cast<const void*>(g.ldaux), static_cast<const void*>(g.row_scale),
+                             static_cast<const void*>(g.row_partial), static_cast<const void*>(g.gather_rows)}) {
+    EXPECT_EQ(absent, nullptr);
+  }
+  EXPECT_NE(g.a, nullptr);
+  EXPECT_NE(g.ldd, nullptr);
+  EXPECT_EQ(group_arrays_bytes(plain), 384u + 6 * 256u);  // shapes (32 x 12 bytes) + a, b, d, lda, ldb, ldd (32 x 8)
+  EXPECT_LT(group_arrays_bytes(plain), group_arrays_bytes(full_problem(32)));
 }
 
 // Host model of pass 1 of the column sums: the (chunk, group) pairs that share rows.

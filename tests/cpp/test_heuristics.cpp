@@ -7,9 +7,12 @@ namespace {
 
 using namespace cute_moe::detail;
 
-const TileConfig kCoop{KernelVariant::RaggedM_BRow, 128, 256, 64, 2, 1, Schedule::Cooperative};
-const TileConfig kPong{KernelVariant::RaggedM_BRow, 128, 128, 64, 2, 1, Schedule::Pingpong};
-const TileConfig kSmall{KernelVariant::RaggedM_BRow, 64, 128, 128, 1, 1, Schedule::Pingpong};
+const TileConfig kCoop{KernelVariant::RaggedM_BRow, 128, 256, 64, 2, 1, Schedule::Cooperative, Act::Unfused,
+                      TileRole::Wide};
+const TileConfig kPong{KernelVariant::RaggedM_BRow, 128, 128, 64, 2, 1, Schedule::Pingpong, Act::Unfused,
+                      TileRole::Narrow};
+const TileConfig kSmall{KernelVariant::RaggedM_BRow, 64, 128, 128, 1, 1, Schedule::Pingpong, Act::Unfused,
+                       TileRole::Small};
 
 TEST(TileConfigName, Format) {
   EXPECT_EQ(tile_config_name(kCoop), "128x256x64_2x1_coop");
@@ -87,6 +90,23 @@ TEST(ChooseLaunch, TinyGroupsGetTheCostModelsSmallTiles) {
   EXPECT_EQ(c.index, 2);
 }
 
+// The rules name roles, not tile literals: a retuned "narrow" tile is still the one chosen.
+TEST(ChooseLaunch, PicksTheWantedRoleWhateverItsTile) {
+  TileConfig narrow = kPong;
+  narrow.tile_n = 192;
+  LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, narrow}, 132);
+  EXPECT_EQ(c.index, 1);
+}
+
+TEST(ChooseLaunch, OnlyKernelsOfTheDevicesArchServe) {
+  GroupedProblem p{KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32};
+  TileConfig c = kCoop;
+  EXPECT_TRUE(serves(c, p));
+  p.arch = static_cast<Arch>(static_cast<int>(Arch::Sm90) + 1);  // an arch with no kernels
+  EXPECT_FALSE(serves(c, p));
+  EXPECT_EQ(choose_launch(p, {kCoop, kPong}, 132).index, -1);
+}
+
 TEST(ChooseLaunch, FallsBackToTheCostModelWhenThePreferredKernelIsMissing) {
   LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, kSmall}, 132);
   EXPECT_EQ(c.index, 0);
@@ -102,14 +122,14 @@ TEST(ChooseActivation, OnlyTheProblemsActivationServesAndTheBackwardGetsTheBigTi
   for (Act act : {Act::SwigluOai, Act::Geglu}) {
     for (const TileConfig& base : {kCoop, kPong}) {
       TileConfig c = base;
-      c.variant = KernelVariant::GluBwd_BCol;
+      c.variant = KernelVariant::ActBwd_BCol;
       c.act = act;
       candidates.push_back(c);
     }
   }
   // GPT-OSS-20B down-projection input gradient: a short reduction (k = 2880), which plain
   // GEMMs run on the 128x128 pingpong kernel; the fused backward takes 128x256.
-  GroupedProblem p{KernelVariant::GluBwd_BCol, 98304, 2880, 2880, 32, Act::Geglu};
+  GroupedProblem p{KernelVariant::ActBwd_BCol, 98304, 2880, 2880, 32, Act::Geglu};
   const LaunchChoice choice = choose_launch(p, candidates, 132);
   ASSERT_GE(choice.index, 0);
   EXPECT_EQ(candidates[choice.index].act, Act::Geglu);

@@ -2,8 +2,10 @@
 // listing, forced configs, and clean errors (never a crash) without a device.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "cute_moe/grouped_gemm.h"
 #include "kernel_registry.h"
@@ -22,13 +24,27 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
     EXPECT_NE(e.launch, nullptr);
     EXPECT_NE(e.workspace_size, nullptr);
   }
-  // Every variant has at least one kernel.
+  // Every variant has a "wide" kernel (the heuristic's default) for every activation it
+  // serves: the plain ones none, the forwards every fused-forward activation, the
+  // backwards all.
   for (auto v : {detail::KernelVariant::RaggedM_BRow, detail::KernelVariant::RaggedM_BCol,
                  detail::KernelVariant::RaggedK_OutBF16, detail::KernelVariant::RaggedK_OutF32,
-                 detail::KernelVariant::GluFwdGather_BRow}) {
-    bool found = false;
-    for (const auto& e : reg) found = found || e.config.variant == v;
-    EXPECT_TRUE(found) << static_cast<int>(v);
+                 detail::KernelVariant::ActFwd_BRow, detail::KernelVariant::ActFwd_BCol,
+                 detail::KernelVariant::ActFwdGather_BRow, detail::KernelVariant::ActBwd_BRow,
+                 detail::KernelVariant::ActBwd_BCol}) {
+    std::vector<detail::Act> acts;
+    const bool fused = std::string(detail::variant_call(v)).rfind("act_", 0) == 0;
+    if (!fused) acts.push_back(detail::Act::Unfused);
+    for (const auto& a : kActivations) {
+      if (fused && (detail::is_act_backward(v) || a.fused_forward)) acts.push_back(detail::act_of(a.id));
+    }
+    for (detail::Act act : acts) {
+      bool found = false;
+      for (const auto& e : reg) {
+        found = found || (e.config.variant == v && e.config.act == act && e.config.role == detail::TileRole::Wide);
+      }
+      EXPECT_TRUE(found) << detail::variant_call(v) << " " << detail::act_name(act);
+    }
   }
 }
 
@@ -48,9 +64,46 @@ TEST(Registry, ListKernelsReportsEveryRowByCallActivationAndConfig) {
     EXPECT_EQ(kernels[i].config, reg[i].name);
     EXPECT_NE(kernels[i].call, "?");
     // Plain GEMMs have no activation, the fused ones always one.
-    const bool fused = kernels[i].call.rfind("glu_", 0) == 0;
+    const bool fused = kernels[i].call.rfind("act_", 0) == 0;
     EXPECT_EQ(kernels[i].activation.empty(), !fused) << kernels[i].call << " " << kernels[i].activation;
   }
+}
+
+TEST(Registry, KernelsRunOnlyOnTheirArch) {
+  detail::DeviceInfo hopper;
+  hopper.cc_major = 9;
+  detail::Arch arch = static_cast<detail::Arch>(-1);
+  ASSERT_TRUE(detail::kernel_arch_for(hopper, &arch).ok());
+  EXPECT_EQ(arch, detail::Arch::Sm90);
+  detail::DeviceInfo ampere;
+  ampere.device = 1;
+  ampere.cc_major = 8;
+  Result r = detail::kernel_arch_for(ampere, &arch);
+  EXPECT_EQ(r.status, Status::kNotSupported);
+  EXPECT_NE(r.message.find("compute capability 9.0 (Hopper (H100, H200))"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("device 1 has compute capability 8.0"), std::string::npos) << r.message;
+}
+
+// The core reads no environment variables itself; options_from_environment turns them into
+// options (what the torch ops pass on every call).
+TEST(Options, FromTheEnvironment) {
+  setenv("CUTE_MOE_CONFIG", "128x128x64_2x1_pong", 1);
+  setenv("CUTE_MOE_RASTER", "n", 1);
+  setenv("CUTE_MOE_SWIZZLE", "4", 1);
+  setenv("CUTE_MOE_LOG_CONFIG", "1", 1);
+  GemmOptions o = options_from_environment();
+  EXPECT_STREQ(o.config, "128x128x64_2x1_pong");
+  EXPECT_EQ(o.raster, 'n');
+  EXPECT_EQ(o.swizzle, 4);
+  EXPECT_TRUE(o.log);
+  setenv("CUTE_MOE_LOG_CONFIG", "0", 1);
+  for (const char* name : {"CUTE_MOE_CONFIG", "CUTE_MOE_RASTER", "CUTE_MOE_SWIZZLE"}) unsetenv(name);
+  o = options_from_environment();
+  EXPECT_EQ(o.config, nullptr);
+  EXPECT_EQ(o.raster, 0);
+  EXPECT_EQ(o.swizzle, 0);
+  EXPECT_FALSE(o.log);
+  unsetenv("CUTE_MOE_LOG_CONFIG");
 }
 
 TEST(Registry, CutlassWorkspaceGrowsWithTheSmCountNotTheProblem) {

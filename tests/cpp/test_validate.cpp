@@ -2,7 +2,7 @@
 // argument and its value; valid arguments pass.
 #include <gtest/gtest.h>
 
-#include "cute_moe/fused_glu.h"
+#include "cute_moe/fused_activation.h"
 #include "validate_test_util.h"
 
 namespace {
@@ -88,8 +88,8 @@ TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
   a = valid_k(); a.dw_dtype = static_cast<cute_moe::DType>(7); expect_rejected(a, "dw_dtype");
 }
 
-TEST(ValidateGlu, ForwardAndBackwardRules) {
-  cute_moe::GluForwardArgs f;
+TEST(ValidateActivation, ForwardAndBackwardRules) {
+  cute_moe::ActForwardArgs f;
   f.gemm = valid_m();  // n = 2880 = 2I
   f.h = fake(0x70000);
   f.ldh = f.gemm.n / 2;
@@ -97,18 +97,18 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   f.ldh = f.gemm.n / 2 - 8;
   expect_rejected(f, "ldh=1432");
   f.ldh = f.gemm.n / 2;
-  f.glu.limit = -1.0f;
+  f.act.limit = -1.0f;
   expect_rejected(f, "limit must be finite and >= 0");
-  f.glu.has_limit = false;  // limit=None: the value is ignored
+  f.act.has_limit = false;  // limit=None: the value is ignored
   EXPECT_TRUE(cute_moe::validate(f).ok());
   f.gemm.n = f.gemm.ldy = f.gemm.w_stride_k = 2888;  // I = 1444, not a multiple of 8
   f.ldh = 1448;
   expect_rejected(f, "multiple of 16 (I a multiple of 8), got n=2888");
-  f.glu.activation = cute_moe::GluActivation::kNone;  // h = pre: no fused forward
+  f.act.activation = cute_moe::Activation::kIdentity;  // h = pre: no fused forward
   f.ldh = f.gemm.n;
   expect_rejected(f, "activation none has no fused forward");
 
-  cute_moe::GluBackwardArgs b;
+  cute_moe::ActBackwardArgs b;
   b.gemm = valid_m();
   b.pre = fake(0x80000);
   b.ldpre = 2 * b.gemm.n;
@@ -125,17 +125,17 @@ TEST(ValidateGlu, ForwardAndBackwardRules) {
   b.dpre = nullptr;
   expect_rejected(b, "dpre must not be null");
   b.dpre = fake(0x90000);
-  b.glu.activation = cute_moe::GluActivation::kNone;  // not gated: pre is n wide
-  b.glu.has_limit = false;
+  b.act.activation = cute_moe::Activation::kIdentity;  // not gated: pre is n wide
+  b.act.has_limit = false;
   b.ldpre = b.lddpre = b.gemm.n;
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
-  b.glu.has_limit = true;
-  expect_rejected(b, "srelu and none take no clamp limit");
+  b.act.has_limit = true;
+  expect_rejected(b, "none takes no clamp limit");
 }
 
-TEST(ValidateGlu, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
+TEST(ValidateActivation, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
   const auto* rows = fake<const int32_t>(0xa0000);
-  cute_moe::GluForwardArgs f;
+  cute_moe::ActForwardArgs f;
   f.gemm = valid_m();
   f.gemm.gather_rows = rows;
   f.gemm.x_rows = 250;  // fewer tokens than routed rows (top-4)
@@ -155,15 +155,15 @@ TEST(ValidateGlu, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
   RaggedMGemmArgs m = valid_m();
   m.gather_rows = rows;
   m.x_rows = 250;
-  expect_rejected(m, "ragged_m_gemm: gather_rows is fused into glu_forward only");
+  expect_rejected(m, "ragged_m_gemm: gather_rows is fused into act_forward only");
 
-  cute_moe::GluBackwardArgs b;
+  cute_moe::ActBackwardArgs b;
   b.gemm = m;
   b.pre = fake(0x80000);
   b.ldpre = 2 * b.gemm.n;
   b.dpre = fake(0x90000);
   b.lddpre = 2 * b.gemm.n;
-  expect_rejected(b, "glu_backward: gather_rows is fused into glu_forward only");
+  expect_rejected(b, "act_backward: gather_rows is fused into act_forward only");
 }
 
 TEST(StatusNames, AreReadable) {

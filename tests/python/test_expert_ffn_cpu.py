@@ -99,7 +99,7 @@ def test_schemas():
     ops = torch.ops.cute_moe
     assert str(ops.grouped_mm_act.default._schema) == (
         "cute_moe::grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
-        "Tensor? scale=None, str activation=\"swiglu\", float alpha=1.702, float? limit=None) "
+        "Tensor? scale=None, str activation=\"swiglu_oai\", float alpha=1.702, float? limit=None) "
         "-> (Tensor, Tensor)")
     assert str(ops.grouped_mm_scaled.default._schema) == (
         "cute_moe::grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "

@@ -137,5 +137,5 @@ def test_invalid_row_index_stops_the_kernel_with_a_message(bad):
                           timeout=120, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
-    assert "cute_moe glu_forward: invalid gather_rows[" in out, out
+    assert "cute_moe act_forward: invalid gather_rows[" in out, out
     assert "row indices must be in [0, x_rows=8)" in out, out

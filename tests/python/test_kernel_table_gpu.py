@@ -27,8 +27,8 @@ M, PAD, K, N, E = 1100, 37, 352, 528, 5
 SIZES = [400, 0, 251, 300, 149]
 ALPHA = 1.702
 
-CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "glu_forward",
-         "glu_forward_bcol", "glu_forward_gather", "glu_backward", "glu_backward_bcol")
+CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
+         "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol")
 
 
 def _row_id(row: str) -> str:
@@ -72,7 +72,7 @@ def _run(call, act, g, offs):
         dw, _ = ops.grouped_mm_wgrad(x, dy, offs, dtype)
         assert dw.dtype == dtype
         _check("dw", dw, ref.grouped_mm_wgrad_ref(x, dy, offs, F32))
-    elif call.startswith("glu_forward"):
+    elif call.startswith("act_forward"):
         w, bias = _weight(g, K, N, call.endswith("bcol")), _randn(g, E, N, s=0.5)
         scale = torch.rand(E, device="cuda", generator=g) + 0.5
         if call.endswith("gather"):
@@ -87,7 +87,7 @@ def _run(call, act, g, offs):
             want_h, want_pre = ref.grouped_mm_act_ref(x, w, offs, bias, scale, act, ALPHA, limit)
         _check("pre", pre, want_pre)
         _check("h", h, want_h)
-    else:  # glu_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
+    else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
         gated = act in ref.GATED_ACTIVATIONS
         inter = N // 2 if gated else N
         w = _weight(g, K, inter, call.endswith("bcol"))

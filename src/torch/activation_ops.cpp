@@ -1,34 +1,27 @@
-// PyTorch ops over the fused activation GEMMs (cute_moe/fused_glu.h): the expert
+// PyTorch ops over the fused activation GEMMs (cute_moe/fused_activation.h): the expert
 // up-projection with the activation in its epilogue, and the down-projection input
 // gradient with the activation's backward (and the router-probability gradient) in its
 // epilogue. Autograd across the pair lives in Python (cute_moe/expert_ffn.py), since the
-// forward hands `pre` to the backward. grouped_mm_swiglu(_bwd) are the seed's GPT-OSS
-// entry points, kept with their schemas; grouped_mm_act(_bwd) are the general ones.
+// forward hands `pre` to the backward. grouped_mm_swiglu(_bwd) are the GPT-OSS entry points
+// of the seed API (python/cutlass_op), kept with their schemas; grouped_mm_act(_bwd) are the
+// general ones. The ops take `limit` literally (None: no clamp); the activations' default
+// limits are applied by the Python API.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "cute_moe/fused_glu.h"
+#include "cute_moe/fused_activation.h"
 #include "tensor_checks.h"
 
 namespace cute_moe::torch_ops {
 
 namespace {
 
-GluActivation parse_activation(const std::string& name) {
-  if (name == "swiglu_oai") return GluActivation::kSwigluOai;
-  if (name == "swiglu") return GluActivation::kSwiglu;
-  if (name == "geglu") return GluActivation::kGeglu;
-  if (name == "srelu") return GluActivation::kSrelu;
-  if (name == "none") return GluActivation::kNone;
-  TORCH_CHECK(false, "cute_moe: activation must be one of 'swiglu_oai', 'swiglu', 'geglu', 'srelu', 'none', got '",
-              name, "'");
-}
-
-GluOptions glu_options(const std::string& activation, double alpha, std::optional<double> limit) {
-  GluOptions o;
-  o.activation = parse_activation(activation);
+ActivationOptions activation_options(const std::string& activation, double alpha, std::optional<double> limit) {
+  ActivationOptions o;
+  TORCH_CHECK(parse_activation(activation.c_str(), &o.activation), "cute_moe: activation must be one of ",
+              activation_names(), ", got '", activation, "'");
   o.alpha = static_cast<float>(alpha);
   o.has_limit = limit.has_value();
   o.limit = limit.has_value() ? static_cast<float>(*limit) : 0.0f;
@@ -41,9 +34,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
                                                        const std::optional<at::Tensor>& scale,
                                                        const std::string& activation, double alpha,
                                                        std::optional<double> limit) {
-  const GluOptions opts = glu_options(activation, alpha, limit);
-  TORCH_CHECK(opts.activation != GluActivation::kNone,
-              "cute_moe: grouped_mm_act: activation 'none' has no fused forward (h = pre): use grouped_mm_scaled");
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
+  TORCH_CHECK(activation_info(opts.activation).fused_forward, "cute_moe: grouped_mm_act: activation '", activation,
+              "' has no fused forward (h = pre): use grouped_mm_scaled");
   const bool gated = is_gated(opts.activation);
   check_ragged_m_operands(x, w, offs);
   check_bias(bias, w, x);
@@ -52,14 +45,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor pre = at::empty({x.size(0), w.size(2)}, x.options());
   at::Tensor h = at::empty({x.size(0), gated ? w.size(2) / 2 : w.size(2)}, x.options());
-  GluForwardArgs a;
+  ActForwardArgs a;
   a.gemm = ragged_m_args(x, w, offs, bias, pre);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
   a.ldh = row_stride(h);
-  a.glu = opts;
+  a.act = opts;
   if (a.gemm.m == 0) return {h, pre};
-  enqueue_with_workspace(glu_forward, a, x);
+  enqueue_planned(act_forward, a, x);
   return {h, pre};
 }
 
@@ -69,8 +62,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
     const at::Tensor& x, const at::Tensor& rows, const at::Tensor& w, const at::Tensor& offs,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale, const std::string& activation,
     double alpha, std::optional<double> limit) {
-  const GluOptions opts = glu_options(activation, alpha, limit);
-  TORCH_CHECK(opts.activation != GluActivation::kNone,
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
+  TORCH_CHECK(opts.activation != Activation::kIdentity,
               "cute_moe: grouped_mm_act_gathered: activation 'none' has no fused forward (h = pre)");
   const bool gated = is_gated(opts.activation);
   check_ragged_m_operands(x, w, offs);
@@ -86,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
   const int64_t m = rows.size(0);
   at::Tensor pre = at::empty({m, w.size(2)}, x.options());
   at::Tensor h = at::empty({m, gated ? w.size(2) / 2 : w.size(2)}, x.options());
-  GluForwardArgs a;
+  ActForwardArgs a;
   a.gemm = ragged_m_args(x, w, offs, bias, pre);
   a.gemm.m = m;
   a.gemm.gather_rows = rows.data_ptr<int32_t>();
@@ -94,9 +87,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
   a.ldh = row_stride(h);
-  a.glu = opts;
+  a.act = opts;
   if (m == 0) return {h, pre};
-  enqueue_with_workspace(glu_forward, a, x);
+  enqueue_planned(act_forward, a, x);
   return {h, pre};
 }
 
@@ -107,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& prob,
     const std::optional<at::Tensor>& out_bias, bool prob_grad, const std::string& activation, double alpha,
     std::optional<double> limit) {
-  const GluOptions opts = glu_options(activation, alpha, limit);
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
   const int64_t pre_cols = is_gated(opts.activation) ? 2 * w.size(2) : w.size(2);
   check_ragged_m_operands(dy, w, offs);
   check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
@@ -127,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   at::Tensor h = at::empty({dy.size(0), w.size(2)}, dy.options());
   at::Tensor dpre = at::empty({dy.size(0), pre_cols}, dy.options());
   at::Tensor dprob = at::empty({prob_grad ? dy.size(0) : 0}, dy.options().dtype(at::kFloat));
-  GluBackwardArgs a;
+  ActBackwardArgs a;
   a.gemm = ragged_m_args(dy, w, offs, std::nullopt, h);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", dy);
   a.gemm.row_scale = optional_scales(prob, "prob", dy.size(0), "M", dy);
@@ -140,9 +133,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
     a.out_bias = out_bias->data_ptr();
     a.out_bias_stride = out_bias->stride(0);
   }
-  a.glu = opts;
+  a.act = opts;
   if (a.gemm.m == 0) return {dpre, h, dprob};
-  enqueue_with_workspace(glu_backward, a, dy);
+  enqueue_planned(act_backward, a, dy);
   return {dpre, h, dprob};
 }
 
@@ -163,23 +156,32 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& 
 
 }  // namespace
 
+// The schemas' defaults are the declared ones (cute_moe/activation.h): the general ops' default
+// activation and alpha, and swiglu_oai's alpha and limit for the GPT-OSS entry points.
+const std::string kActDefaults = std::string("str activation=\"") + activation_name(kDefaultActivation) +
+                                 "\", float alpha=" + std::to_string(kDefaultAlpha) + ", float? limit=None";
+const std::string kSwigluOaiDefaults =
+    "float alpha=" + std::to_string(kDefaultAlpha) +
+    ", float? limit=" + std::to_string(activation_info(Activation::kSwigluOai).default_limit);
+
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
-  m.def(
-      "grouped_mm_swiglu(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, float alpha=1.702, "
-      "float? limit=7.0) -> (Tensor, Tensor)");
-  m.def(
-      "grouped_mm_swiglu_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, float alpha=1.702, "
-      "float? limit=7.0) -> (Tensor, Tensor)");
-  m.def(
-      "grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, "
-      "str activation=\"swiglu\", float alpha=1.702, float? limit=None) -> (Tensor, Tensor)");
-  m.def(
-      "grouped_mm_act_gathered(Tensor x, Tensor rows, Tensor w, Tensor offs, Tensor? bias=None, "
-      "Tensor? scale=None, str activation=\"swiglu\", float alpha=1.702, float? limit=None) -> (Tensor, Tensor)");
-  m.def(
-      "grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
-      "Tensor? out_bias=None, bool prob_grad=False, str activation=\"swiglu\", float alpha=1.702, "
-      "float? limit=None) -> (Tensor, Tensor, Tensor)");
+  m.def(("grouped_mm_swiglu(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, " + kSwigluOaiDefaults +
+         ") -> (Tensor, Tensor)")
+            .c_str());
+  m.def(("grouped_mm_swiglu_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, " + kSwigluOaiDefaults +
+         ") -> (Tensor, Tensor)")
+            .c_str());
+  m.def(("grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, " + kActDefaults +
+         ") -> (Tensor, Tensor)")
+            .c_str());
+  m.def(("grouped_mm_act_gathered(Tensor x, Tensor rows, Tensor w, Tensor offs, Tensor? bias=None, "
+         "Tensor? scale=None, " +
+         kActDefaults + ") -> (Tensor, Tensor)")
+            .c_str());
+  m.def(("grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
+         "Tensor? out_bias=None, bool prob_grad=False, " +
+         kActDefaults + ") -> (Tensor, Tensor, Tensor)")
+            .c_str());
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {

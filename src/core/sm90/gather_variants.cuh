@@ -1,10 +1,10 @@
-// The gathered up-projection variants of kernel_table.h (GluFwdGather_*): the GLU forward
+// The gathered up-projection variants (ActFwdGather_*): the activation forward
 // epilogue over A rows gathered from x (gather_mainloop.cuh). Only their translation units
 // include this, so the gathered mainloop does not recompile the other kernels.
 #pragma once
 
 #include "gather_mainloop.cuh"
-#include "glu_variants.cuh"
+#include "act_variants.cuh"
 
 namespace cute_moe::detail {
 
@@ -17,7 +17,7 @@ struct GatherAMainloopOf {
     args.gather_rows = g.gather_rows;
   }
 };
-template <Act A> struct VariantTraits<KernelVariant::GluFwdGather_BRow, A>
-    : Traits<RowMajor, RowMajor, bf16, GluForwardEpilogue<typename ActFunctor<A>::type>, GatherAMainloopOf> {};
+template <Act A> struct VariantTraits<KernelVariant::ActFwdGather_BRow, A>
+    : Traits<RowMajor, RowMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, GatherAMainloopOf> {};
 
 }  // namespace cute_moe::detail

@@ -1,7 +1,7 @@
 // Public C++ API of the grouped GEMMs with an activation fused into the epilogue: the
 // up-projection of an expert FFN forward, and the input gradient of the down-projection
-// with the activation's backward (no PyTorch). design.md section 2 defines the
-// activations.
+// with the activation's backward (no PyTorch). The activations and their formulas:
+// cute_moe/activation.h, generated from codegen/kernel_space.py.
 //
 // Gated activations read the up-projection's columns interleaved: column 2j is gate j,
 // column 2j+1 is linear j (the HF GPT-OSS layout; cute_moe.repack converts [gate | linear]
@@ -11,26 +11,18 @@
 // output).
 #pragma once
 
+#include "cute_moe/activation.h"  // generated from codegen/kernel_space.py: enum Activation
 #include "cute_moe/grouped_gemm.h"
 
 namespace cute_moe {
 
-enum class GluActivation {
-  kSwigluOai,  // GPT-OSS: g = min(a, L), u = clamp(b, -L, L), h = g * sigmoid(alpha * g) * (u + 1)
-  kSwiglu,     // h = silu(g) * u (same optional clamps)
-  kGeglu,      // h = gelu_tanh(g) * u (same optional clamps)
-  kSrelu,      // h = relu(a)^2, not gated (no limit)
-  kNone,       // h = a, not gated (no limit); glu_backward only: the forward is ragged_m_gemm
-};
-
-// Whether the activation reads (gate, linear) pairs.
-inline bool is_gated(GluActivation a) { return a != GluActivation::kSrelu && a != GluActivation::kNone; }
-
-struct GluOptions {
-  GluActivation activation = GluActivation::kSwigluOai;
-  float alpha = 1.702f;   // swiglu_oai's sigmoid scale
-  float limit = 7.0f;     // gated activations: clamp limit
-  bool has_limit = true;  // false: no clamping (limit=None); must be false for srelu
+// The activation and its parameters; the defaults are the declared default activation's.
+struct ActivationOptions {
+  Activation activation = kDefaultActivation;
+  float alpha = kDefaultAlpha;  // swiglu_oai's sigmoid scale
+  float limit = activation_info(kDefaultActivation).default_limit;  // gated activations: clamp limit
+  bool has_limit = activation_info(kDefaultActivation).has_default_limit;  // false: no clamping
+                                                                           // (must be false when not gated)
 };
 
 // Forward of the up-projection, one launch:
@@ -39,11 +31,11 @@ struct GluOptions {
 //               computed from pre as rounded to bf16, so a recomputation from the stored
 //               pre is exact.
 // gemm.row_scale must be null.
-struct GluForwardArgs {
+struct ActForwardArgs {
   RaggedMGemmArgs gemm;
   void* h = nullptr;  // bf16 (gemm.m, width above), row stride ldh
   int64_t ldh = 0;
-  GluOptions glu;
+  ActivationOptions act;
 };
 
 // Input gradient of the down-projection with the activation's backward, one launch:
@@ -58,7 +50,7 @@ struct GluForwardArgs {
 //        (optional fp32 (m,), needs row_scale): the gradient of p when the forward's output
 //        was p * (s * h @ W_down + out_bias); out_bias (E, H) optional. Deterministic.
 // gemm.bias must be null. Padding rows get zeros in every output.
-struct GluBackwardArgs {
+struct ActBackwardArgs {
   RaggedMGemmArgs gemm;
   const void* pre = nullptr;  // bf16 (gemm.m, 2 * gemm.n or gemm.n) from the forward, row stride ldpre
   int64_t ldpre = 0;
@@ -67,16 +59,20 @@ struct GluBackwardArgs {
   float* row_scale_grad = nullptr;
   const void* out_bias = nullptr;  // bf16 (num_groups, gemm.k), row stride out_bias_stride
   int64_t out_bias_stride = 0;
-  GluOptions glu;
+  ActivationOptions act;
 };
 
-Result validate(const GluForwardArgs& args);
-Result validate(const GluBackwardArgs& args);
-Result workspace_size(const GluForwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
-Result workspace_size(const GluBackwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
-Result glu_forward(const GluForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+Result validate(const ActForwardArgs& args);
+Result validate(const ActBackwardArgs& args);
+Result workspace_size(const ActForwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result workspace_size(const ActBackwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result act_forward(const ActForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    const GemmOptions& opts = {});
-Result glu_backward(const GluBackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+Result act_backward(const ActBackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                    const GemmOptions& opts = {});
+Result act_forward(const ActForwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                   const GemmOptions& opts = {});
+Result act_backward(const ActBackwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
                     const GemmOptions& opts = {});
 
 }  // namespace cute_moe

@@ -1,8 +1,8 @@
-// One grouped-GEMM kernel of kernel_table.h, assembled from CUTLASS 3.x SM90 pieces.
+// One grouped-GEMM kernel of the dispatch table, assembled from CUTLASS 3.x SM90 pieces.
 //
-// Included only by the generated one-row translation units (build/kernels/*.cu), so each
-// instantiation compiles on its own and in parallel; the GLU variants' traits live in
-// glu_variants.cuh, which only their translation units include.
+// Included only by the generated one-row translation units (build/generated/kernels/*.cu,
+// codegen/generate.py), so each instantiation compiles on its own and in parallel; the
+// activation variants' traits live in act_variants.cuh, which only their units include.
 //
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
@@ -16,7 +16,7 @@
 //                    the routing. Groups with M == 0 contribute no tile.
 // Epilogue (EVT), per variant (VariantTraits below): D = acc + bias[group] (a row broadcast
 //   through an array of per-group pointers; a null array means no bias), or the fused
-//   gated-activation forward / backward of glu_epilogue.cuh. Outputs are rounded once.
+//   gated-activation forward / backward of act_epilogue.cuh. Outputs are rounded once.
 #pragma once
 
 #include <type_traits>
@@ -93,7 +93,7 @@ struct BuiltMainloop {
   static void set_arguments(Args&, const GroupArrays&) {}
 };
 
-// --- Variants: operand layouts, output type, epilogue and mainloop of each kernel_table.h variant.
+// --- Variants: operand layouts, output type, epilogue and mainloop of each variant.
 template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_, class Mainloop_ = BuiltMainloop>
 struct Traits {
   using LayoutA = LayoutA_;
@@ -109,12 +109,12 @@ using bf16 = cutlass::bfloat16_t;
 template <KernelVariant V, Act A>
 struct VariantTraits;
 // ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
-template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::None> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::None> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue> {};
-// (GLU variants: glu_variants.cuh, included by their translation units only)
+template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::Unfused> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::Unfused> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue> {};
+// (activation variants: act_variants.cuh, included by their translation units only)
 // ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
-template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::None> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::None> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue> {};
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct GroupedGemmTypes {
@@ -195,8 +195,9 @@ struct GroupedGemmTypes {
   }
 };
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
-size_t KernelInstance<V, TM, TN, TK, CM, CN, S, A>::workspace_size(int32_t num_groups, int sm_count) {
+template <Arch AR, KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
+size_t KernelInstance<AR, V, TM, TN, TK, CM, CN, S, A>::workspace_size(int32_t num_groups, int sm_count) {
+  static_assert(AR == Arch::Sm90, "sm90/kernel_instance.cuh builds SM90 kernels only");
   using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S, A>;
   GroupArrays g;
   g.num_groups = num_groups;
@@ -205,8 +206,8 @@ size_t KernelInstance<V, TM, TN, TK, CM, CN, S, A>::workspace_size(int32_t num_g
   return Types::Gemm::get_workspace_size(Types::arguments(g, ctx));
 }
 
-template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
-Result KernelInstance<V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
+template <Arch AR, KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
+Result KernelInstance<AR, V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
   using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S, A>;
   auto args = Types::arguments(groups, ctx);
   typename Types::Gemm gemm;
@@ -236,8 +237,9 @@ Result KernelInstance<V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays& gr
 
 }  // namespace cute_moe::detail
 
-// Expands one kernel_table.h row into an explicit instantiation.
-#define CUTE_MOE_INSTANTIATE_KERNEL(variant, tm, tn, tk, cm, cn, schedule, act)                            \
-  template struct cute_moe::detail::KernelInstance<cute_moe::detail::KernelVariant::variant, tm, tn, tk, cm, \
-                                                   cn, cute_moe::detail::Schedule::schedule,                 \
-                                                   cute_moe::detail::Act::act>;
+// Expands one row of the generated dispatch table into an explicit instantiation (the
+// role is the heuristic's, not part of the kernel).
+#define CUTE_MOE_INSTANTIATE_KERNEL(arch, variant, tm, tn, tk, cm, cn, schedule, act, role)               \
+  template struct cute_moe::detail::KernelInstance<                                                       \
+      cute_moe::detail::Arch::arch, cute_moe::detail::KernelVariant::variant, tm, tn, tk, cm, cn,         \
+      cute_moe::detail::Schedule::schedule, cute_moe::detail::Act::act>;

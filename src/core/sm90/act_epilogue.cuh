@@ -6,12 +6,12 @@
 // in one thread's registers and no data moves between threads; the four threads of a
 // quad hold the same rows.
 //
-//   GluForwardAux  up-projection: its input is pre = scale * acc + bias (fp32). It rounds
+//   ActForwardAux  up-projection: its input is pre = scale * acc + bias (fp32). It rounds
 //                  pre to bf16 exactly as the D store will, computes h = act(pre) from the
 //                  rounded values (gated: one h per (gate, linear) pair, width n/2; else
 //                  one per column, width n), stores h straight to global memory, and
 //                  passes pre on unchanged, so the collective stores pre as D.
-//   GluBackward    down-projection input gradient: its inputs are acc = dy @ W_down^T
+//   ActBackward    down-projection input gradient: its inputs are acc = dy @ W_down^T
 //                  (fp32), the forward's pre loaded by the collective's TMA source
 //                  pipeline as the C operand (gated: 32-bit packed (gate, linear) words,
 //                  one per column of acc; else bf16), and the row scale p (router
@@ -42,18 +42,18 @@
 
 namespace cute_moe::detail {
 
-namespace glu_epilogue {
+namespace act_epilogue {
 
 struct ForwardArguments {
   void* const* ptr_aux = nullptr;
   int64_t const* ld_aux = nullptr;
-  GluParams act = {};
+  ActParams act = {};
 };
 
 struct BackwardArguments {
   void* const* ptr_aux = nullptr;
   int64_t const* ld_aux = nullptr;
-  GluParams act = {};
+  ActParams act = {};
   const float* group_scale = nullptr;    // (num_groups,) or null for 1
   float* const* ptr_partial = nullptr;   // per group, or null: no row-scale gradient
   int64_t partial_stride = 0;            // floats between tile columns
@@ -88,21 +88,21 @@ CUTLASS_DEVICE uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(cutlass::bfloat16_t(lo).raw()) | (uint32_t(cutlass::bfloat16_t(hi).raw()) << 16);
 }
 
-}  // namespace glu_epilogue
+}  // namespace act_epilogue
 
 template <class Activation>
-struct Sm90GluForwardAux : SimpleNode<glu_epilogue::ForwardArguments> {
+struct Sm90ActForwardAux : SimpleNode<act_epilogue::ForwardArguments> {
   using ElementAux = cutlass::bfloat16_t;
   Params params;
 
-  CUTLASS_HOST_DEVICE Sm90GluForwardAux() {}
-  CUTLASS_HOST_DEVICE Sm90GluForwardAux(Params const& p, SharedStorage const&) : params(p) {}
+  CUTLASS_HOST_DEVICE Sm90ActForwardAux() {}
+  CUTLASS_HOST_DEVICE Sm90ActForwardAux(Params const& p, SharedStorage const&) : params(p) {}
 
   template <class View>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, GluParams act) : view(v), act(act) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, ActParams act) : view(v), act(act) {}
     View view;
-    GluParams act;
+    ActParams act;
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
@@ -121,7 +121,7 @@ struct Sm90GluForwardAux : SimpleNode<glu_epilogue::ForwardArguments> {
                 cutlass::bfloat16_t(Activation::forward(p0, p1, act));
           } else {
             *reinterpret_cast<uint32_t*>(view.aux + cute::get<0>(c) * view.ld + cute::get<1>(c)) =
-                glu_epilogue::pack_bf16(Activation::forward(p0, act), Activation::forward(p1, act));
+                act_epilogue::pack_bf16(Activation::forward(p0, act), Activation::forward(p1, act));
           }
         }
       }
@@ -132,26 +132,26 @@ struct Sm90GluForwardAux : SimpleNode<glu_epilogue::ForwardArguments> {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = glu_epilogue::make_thread_view<ElementAux, Activation::kGated ? 1 : 2>(args, params.ptr_aux,
+    auto view = act_epilogue::make_thread_view<ElementAux, Activation::kGated ? 1 : 2>(args, params.ptr_aux,
                                                                                        params.ld_aux);
     return ConsumerStoreCallbacks<decltype(view)>(view, params.act);
   }
 };
 
 template <class Activation>
-struct Sm90GluBackward : SimpleNode<glu_epilogue::BackwardArguments> {
+struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
   using ElementAux = cutlass::bfloat16_t;
   Params params;
 
-  CUTLASS_HOST_DEVICE Sm90GluBackward() {}
-  CUTLASS_HOST_DEVICE Sm90GluBackward(Params const& p, SharedStorage const&) : params(p) {}
+  CUTLASS_HOST_DEVICE Sm90ActBackward() {}
+  CUTLASS_HOST_DEVICE Sm90ActBackward(Params const& p, SharedStorage const&) : params(p) {}
 
   // kRowSlots: rows of the tile in steps of 8; a thread's rows sit 8 apart (WGMMA layout),
   // so slot (m - m_first) / 8 names each of its rows. The slot of an element is a
   // compile-time constant after unrolling, so the sums stay in registers.
   template <class View, int kRowSlots>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, GluParams act, float scale, float* partial, int64_t rows_left)
+    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, ActParams act, float scale, float* partial, int64_t rows_left)
         : view(v), act(act), scale(scale), partial(partial), rows_left(rows_left) {
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kRowSlots; ++s) {
@@ -160,7 +160,7 @@ struct Sm90GluBackward : SimpleNode<glu_epilogue::BackwardArguments> {
       }
     }
     View view;
-    GluParams act;
+    ActParams act;
     float scale;
     float* partial;     // this thread's first row's partial of this tile column, or null
     int64_t rows_left;  // rows of the group from the thread's first row on
@@ -194,7 +194,7 @@ struct Sm90GluBackward : SimpleNode<glu_epilogue::BackwardArguments> {
             float dgate, dlinear;
             h = Activation::backward(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u), p * s, act,
                                      dgate, dlinear);
-            dpre[i + j] = glu_epilogue::pack_bf16(dgate, dlinear);
+            dpre[i + j] = act_epilogue::pack_bf16(dgate, dlinear);
           } else {
             float da;
             h = Activation::backward(float(frg_pre[i + j]), p * s, act, da);
@@ -215,7 +215,7 @@ struct Sm90GluBackward : SimpleNode<glu_epilogue::BackwardArguments> {
         }
         if (inside) {
           *reinterpret_cast<uint32_t*>(view.aux + cute::get<0>(c) * view.ld + cute::get<1>(c)) =
-              glu_epilogue::pack_bf16(hp[0], hp[1]);
+              act_epilogue::pack_bf16(hp[0], hp[1]);
         }
       }
       return dpre;
@@ -239,7 +239,7 @@ struct Sm90GluBackward : SimpleNode<glu_epilogue::BackwardArguments> {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = glu_epilogue::make_thread_view<ElementAux, 2>(args, params.ptr_aux, params.ld_aux);
+    auto view = act_epilogue::make_thread_view<ElementAux, 2>(args, params.ptr_aux, params.ld_aux);
     constexpr int kRowSlots = decltype(cute::size<0>(args.tile_shape_mnk))::value / 8;
     const int l = cute::get<3>(args.tile_coord_mnkl);
     const int64_t m_first = int64_t(cute::get<0>(args.problem_shape_mnkl)) - cute::get<0>(args.residue_tCcD);

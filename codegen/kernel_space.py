@@ -1,0 +1,127 @@
+"""The kernel space of cute-moe, declared once: arches, operand variants, tiles per (arch,
+variant), dtypes, activations. codegen/generate.py derives from it the per-kernel
+translation units, the dispatch table, the enum <-> name tables of the core and the torch
+layer, and the Python activation table (python/cute_moe/activations.py).
+
+To add an activation: a functor in src/core/activations.h and a row in ACTIVATIONS.
+To add a tile: a row in TILES (the heuristic, src/core/heuristics.cpp, picks rows by role).
+To add an arch: an Arch, its kernel headers in HEADERS and its TILES.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Arch(NamedTuple):
+    name: str       # file-name prefix of its kernels, e.g. "sm90"
+    enum: str       # detail::Arch value
+    major: int      # the compute capability its kernels run on
+    minor: int
+    gencode: str    # nvcc's -gencode value for its translation units
+    devices: str    # for error messages
+
+
+class Activation(NamedTuple):
+    name: str       # the API's string ("swiglu_oai"), Python's and the torch ops'
+    enum: str       # cute_moe::Activation::k<enum> and detail::Act::<enum>
+    functor: str    # its functor in src/core/activations.h
+    gated: bool     # reads interleaved (gate, linear) column pairs; h is half as wide
+    default_limit: float | None  # the clamp limit when the caller does not give one
+    fused_forward: bool          # has a fused forward kernel ("none"'s forward is a plain GEMM)
+    formula: str    # for the generated header's comment
+
+
+class Variant(NamedTuple):
+    enum: str       # detail::KernelVariant value
+    call: str       # the public call it serves, as list_kernels() reports it
+    what: str       # for error messages and logs
+    ragged: str     # "m" (forward, input gradient) or "k" (weight gradient)
+    acts: str       # which activations get a kernel: "unfused", "forward" or "backward"
+    family: str     # which arch header holds its traits (HEADERS)
+    out: str        # element type of D, one of DTYPES (the fused backward stores bf16 pairs)
+
+
+class Tile(NamedTuple):
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+    schedule: str   # one of SCHEDULES
+
+
+ARCHES = (
+    Arch("sm90", "Sm90", 9, 0, "arch=compute_90a,code=sm_90a", "Hopper (H100, H200)"),
+)
+
+# The epilogue activations. "none" exists for the fused backward of a plain up-projection.
+ACTIVATIONS = (
+    Activation("swiglu_oai", "SwigluOai", "SwigluOai", True, 7.0, True,
+               "g = min(a, L), u = clamp(b, -L, L), h = g * sigmoid(alpha * g) * (u + 1)"),
+    Activation("swiglu", "Swiglu", "Swiglu", True, None, True, "h = silu(g) * u (optional clamps)"),
+    Activation("geglu", "Geglu", "Geglu", True, None, True, "h = gelu_tanh(g) * u (optional clamps)"),
+    Activation("srelu", "Srelu", "SquaredRelu", False, None, True, "h = relu(a)^2"),
+    Activation("none", "Identity", "Identity", False, None, False, "h = a"),
+)
+DEFAULT_ACTIVATION = "swiglu_oai"
+DEFAULT_ALPHA = 1.702  # swiglu_oai's sigmoid scale
+
+# Element types (C++ spelling): A and B are AB_DTYPE in every kernel; D is per variant.
+DTYPES = {"bf16": "cutlass::bfloat16_t", "f32": "float"}
+AB_DTYPE = "bf16"
+
+VARIANTS = (
+    Variant("RaggedM_BRow", "ragged_m", "ragged_m (weight n-contiguous)", "m", "unfused",
+            "plain", "bf16"),
+    Variant("RaggedM_BCol", "ragged_m_bcol", "ragged_m (weight k-contiguous)", "m", "unfused",
+            "plain", "bf16"),
+    Variant("RaggedK_OutBF16", "ragged_k_bf16", "ragged_k (bf16 output)", "k", "unfused", "plain",
+            "bf16"),
+    Variant("RaggedK_OutF32", "ragged_k_f32", "ragged_k (fp32 output)", "k", "unfused", "plain",
+            "f32"),
+    Variant("ActFwd_BRow", "act_forward", "act_forward (weight n-contiguous)", "m", "forward",
+            "act", "bf16"),
+    Variant("ActFwd_BCol", "act_forward_bcol", "act_forward (weight k-contiguous)", "m", "forward",
+            "act", "bf16"),
+    Variant("ActFwdGather_BRow", "act_forward_gather",
+            "act_forward (gathered rows, weight n-contiguous)", "m", "forward", "gather", "bf16"),
+    Variant("ActBwd_BRow", "act_backward", "act_backward (weight n-contiguous)", "m", "backward",
+            "act", "bf16"),
+    Variant("ActBwd_BCol", "act_backward_bcol", "act_backward (weight k-contiguous)", "m",
+            "backward", "act", "bf16"),
+)
+
+# Per arch, the header (under src/core) that defines each variant family's traits.
+HEADERS = {
+    "sm90": {"plain": "sm90/kernel_instance.cuh", "act": "sm90/act_variants.cuh",
+             "gather": "sm90/gather_variants.cuh"},
+}
+
+SCHEDULES = ("Cooperative", "Pingpong")  # 2 consumer warpgroups share a tile / alternate tiles
+
+# The roles the heuristic chooses between (src/core/heuristics.cpp); every variant has a
+# "wide" tile, its default.
+TILE_ROLES = {
+    "wide": "long reductions and the fused backward: the largest tile",
+    "narrow": "short reductions: pingpong overlaps one tile's epilogue with the next mainloop",
+    "small": "tiny groups (a few rows per expert): less padding per tile",
+}
+
+_WIDE = Tile(128, 256, 64, 2, 1, "Cooperative")
+_NARROW = Tile(128, 128, 64, 2, 1, "Pingpong")
+_SMALL = Tile(64, 128, 128, 1, 1, "Pingpong")
+
+# Per (arch, variant), the compiled tiles by role, in dispatch-table order (the cost
+# model keeps the earlier of two equally cheap rows).
+TILES = {
+    ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL},
+    ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL},
+    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW},
+    ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
+    ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW},
+    ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW},
+    ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
+    # the fused backward's heavy epilogue wins with the largest tile at every measured shape
+    ("sm90", "ActBwd_BRow"): {"wide": _WIDE},
+    ("sm90", "ActBwd_BCol"): {"wide": _WIDE},
+}

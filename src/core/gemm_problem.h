@@ -1,0 +1,74 @@
+// One grouped GEMM as the kernels see it, named by GEMM role. Every public *Args
+// (grouped_gemm.h, fused_activation.h) lowers to it (lower() in gemm_problem.cpp); the
+// plan, the workspace layout and the setup kernels read only this.
+//
+//   for every group g:  D[g] = epilogue(A[g] @ B[g], C[g], bias[g], scales)  (+ aux[g])
+//
+// Ragged M (forward, input gradient): A[g] = rows offs[g-1]..offs[g] of an (m, k) matrix
+// (or those rows gathered through gather_rows), B[g] the group's (k, n) weight, D[g] the
+// same rows of an (m, n) output. Ragged K (weight gradient): A[g]^T and B[g] are those rows
+// of (m, k) and (m, n) matrices, D[g] the group's (k, n) block of a (groups, k, n) output.
+#pragma once
+
+#include <cstdint>
+
+#include "activations.h"  // ActParams
+#include "host_device.h"
+#include "cute_moe/fused_activation.h"
+#include "heuristics.h"  // GroupedProblem
+#include "kernel_types.h"
+
+namespace cute_moe::detail {
+
+// Element of an operand as the kernel reads it. kBF16Pair: a (gate, linear) pair of bf16
+// read as one 32-bit word (the fused backward's view of a gated pre / dpre).
+enum class Elem { kBF16, kF32, kBF16Pair };
+constexpr int64_t elem_bytes(Elem e) { return e == Elem::kBF16 ? 2 : 4; }
+
+// A matrix operand: rows ld elements apart (ld in units of elem). Null ptr: absent.
+struct Operand {
+  const void* ptr = nullptr;
+  int64_t ld = 0;
+  Elem elem = Elem::kBF16;
+  CUTE_MOE_HOST_DEVICE bool present() const { return ptr != nullptr; }
+};
+
+struct GemmProblem {
+  KernelVariant variant = KernelVariant::RaggedM_BRow;
+  Act act = Act::Unfused;
+  ActParams act_params;  // activation variants only
+  int64_t m = 0;         // rows (ragged M: of A and D; ragged K: reduced over)
+  int64_t n = 0;         // columns of D
+  int64_t k = 0;         // ragged M: the reduction; ragged K: rows of each D[g]
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, cumulative end rows
+
+  Operand a;                             // ragged M: x (m, k); ragged K: x (m, k), read as x^T
+  const int32_t* gather_rows = nullptr;  // ragged M: A row r is row gather_rows[r] of a
+  int64_t a_rows = 0;                    //   (which then has a_rows rows)
+  Operand b;                             // ragged M: W[g] at b.ptr + g * b_group_stride;
+  int64_t b_group_stride = 0;            //   ragged K: dy (m, n)
+  bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
+  Operand c;                             // epilogue source (act backward: pre)
+  Operand d;                             // output
+  Operand aux;                           // second output (act forward: h; backward: p * h)
+  int64_t aux_cols = 0;
+  const void* bias = nullptr;  // bf16 row added per group: bias + g * bias_group_stride
+  int64_t bias_group_stride = 0;
+  const float* group_scale = nullptr;  // one per group (null: 1)
+  const float* row_scale = nullptr;    // one per row of D (null: 1)
+  bool row_scale_grad = false;         // act backward: per-row, per-tile-column partial sums
+};
+
+constexpr bool is_ragged_m(const GemmProblem& p) { return is_ragged_m(p.variant); }
+
+// The public calls' arguments (validated) as problems.
+GemmProblem lower(const RaggedMGemmArgs& a);
+GemmProblem lower(const RaggedKGemmArgs& a);
+GemmProblem lower(const ActForwardArgs& a);
+GemmProblem lower(const ActBackwardArgs& a);
+
+// What the heuristic sees of a problem.
+GroupedProblem heuristic_view(const GemmProblem& p);
+
+}  // namespace cute_moe::detail

@@ -1,0 +1,72 @@
+# The kernel-space declaration (codegen/kernel_space.py) and what is derived from it: the
+# committed Python activation table is current, a broken declaration fails with a sentence,
+# and the compiled library holds exactly the declared kernels.
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cute_moe
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CODEGEN = os.path.join(REPO, "codegen")
+
+
+@pytest.fixture()
+def generate(monkeypatch):
+    monkeypatch.syspath_prepend(CODEGEN)
+    ks = importlib.import_module("kernel_space")
+    gen = importlib.reload(importlib.import_module("generate"))
+    return gen, ks
+
+
+def test_python_activation_table_is_current():
+    r = subprocess.run([sys.executable, os.path.join(CODEGEN, "generate.py"), "--check-python"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_python_table_matches_the_declaration(generate):
+    _, ks = generate
+    from cute_moe import activations
+    assert list(activations.ACTIVATIONS) == [a.name for a in ks.ACTIVATIONS]
+    for a in ks.ACTIVATIONS:
+        assert activations.ACTIVATIONS[a.name] == (a.name, a.gated, a.default_limit)
+    assert activations.DEFAULT_ACTIVATION == ks.DEFAULT_ACTIVATION
+    assert activations.DEFAULT_ALPHA == ks.DEFAULT_ALPHA
+
+
+def test_a_variant_without_a_wide_tile_is_refused(generate, monkeypatch):
+    gen, ks = generate
+    tiles = dict(ks.TILES)
+    tiles[("sm90", "ActBwd_BRow")] = {"narrow": tiles[("sm90", "RaggedM_BRow")]["narrow"]}
+    monkeypatch.setattr(ks, "TILES", tiles)
+    with pytest.raises(gen.DeclarationError, match="ActBwd_BRow: every variant needs a 'wide' tile"):
+        gen.check_declaration()
+
+
+def test_a_limit_on_an_ungated_activation_is_refused(generate, monkeypatch):
+    gen, ks = generate
+    acts = tuple(a._replace(default_limit=3.0) if a.name == "srelu" else a for a in ks.ACTIVATIONS)
+    monkeypatch.setattr(ks, "ACTIVATIONS", acts)
+    with pytest.raises(gen.DeclarationError, match="srelu: only gated activations take a limit"):
+        gen.check_declaration()
+
+
+def test_generated_units_name_their_arch_and_compile_one_row_each(generate, tmp_path):
+    gen, _ = generate
+    gen.emit_cpp(str(tmp_path))
+    units = sorted(os.listdir(tmp_path / "kernels"))
+    assert len(units) == len(gen.kernels()) and all(u.startswith("sm90_") for u in units)
+    text = (tmp_path / "kernels" / "sm90_act_backward_128x256x64_2x1_coop_swiglu_oai.cu").read_text()
+    assert "CUTE_MOE_INSTANTIATE_KERNEL(Sm90, ActBwd_BRow, 128, 256, 64, 2, 1, Cooperative, SwigluOai, Wide)" in text
+
+
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded")
+def test_the_library_holds_exactly_the_declared_kernels(generate):
+    gen, _ = generate
+    want = [f"{v.call}:{a.name if a else ''}:{gen.tile_name(t)}" for _, v, _, t, a in gen.kernels()]
+    assert list(torch.ops.cute_moe.kernel_table()) == want
