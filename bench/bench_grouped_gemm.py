@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from dataclasses import dataclass
 
@@ -50,16 +49,14 @@ def layer_gemms(s: dict) -> list[Gemm]:
 
 
 def compiled_configs(kind: str) -> list[str]:
-    """Tile-config names compiled for a GEMM kind, read from src/core/kernel_table.h."""
-    table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "core", "kernel_table.h")
-    prefix = "RaggedK" if kind == "wgrad" else "RaggedM"
+    """Tile-config names the library compiled for a GEMM kind (its kernel table: rows
+    "call:activation:config", declared in codegen/kernel_space.py)."""
+    prefix = "ragged_k" if kind == "wgrad" else "ragged_m"
     names = []
-    with open(table) as f:
-        for v, tm, tn, tk, cm, cn, sched in re.findall(
-                r"^ *X\((\w+), *(\d+), *(\d+), *(\d+), *(\d+), *(\d+), *(\w+)\)", f.read(), re.M):
-            name = f"{tm}x{tn}x{tk}_{cm}x{cn}_{'coop' if sched == 'Cooperative' else 'pong'}"
-            if v.startswith(prefix) and name not in names:
-                names.append(name)
+    for row in torch.ops.cute_moe.kernel_table():
+        call, _, name = row.split(":")
+        if call.startswith(prefix) and name not in names:
+            names.append(name)
     return names
 
 
