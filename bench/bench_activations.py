@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-# Benchmark of the activation family (issue 4): cute_moe.expert_ffn, fused, against its
+# Benchmark of the activation family: cute_moe.expert_ffn, fused, against its
 # unfused PyTorch equivalent (torch._grouped_mm, biases gathered per row, the activation
 # and the router-probability scaling as bf16/fp32 elementwise ops, as torchtitan runs
 # them) on the same inputs in the same run, for every activation on the GPT-OSS-20B
 # shape and swiglu on the Qwen3-30B-A3B-like shape. Reports median ms (CUDA events) of
-# forward and backward, the speedups, each activation's time relative to swiglu_oai on
-# the same shape, and the relative difference of the two implementations' outputs and
-# gradients. Progress on stderr, the table on stdout.
+# forward and backward, the speedups, each activation's time relative to the default
+# activation's (swiglu_oai, cute_moe/activations.py) on the same shape, and the relative
+# difference of the two implementations' outputs and gradients. Progress on stderr, the
+# table on stdout.
 #
 #   python bench/bench_activations.py [--cases gpt-oss-20b:swiglu_oai,...] [--reps 20]
 #       [--json out.json]
@@ -16,9 +17,11 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from common import fmt, import_cute_moe, print_columns, rel_error, run_meta, time_ms, write_json
+from cute_moe.activation_args import default_limit, is_gated
+from cute_moe.activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from cute_moe.reference import activation_ref
 
 SHAPES = {  # tokens T, top-k, hidden H, intermediate I, experts E, biases, router probs
     "gpt-oss-20b": dict(tokens=24576, topk=4, hidden=2880, inter=2880, experts=32, bias=True,
@@ -29,17 +32,12 @@ SHAPES = {  # tokens T, top-k, hidden H, intermediate I, experts E, biases, rout
 }
 DEFAULT_CASES = ("gpt-oss-20b:swiglu_oai,gpt-oss-20b:swiglu,gpt-oss-20b:geglu,"
                  "gpt-oss-20b:srelu,gpt-oss-20b:none,qwen3-30b-a3b:swiglu")
-GATED = ("swiglu_oai", "swiglu", "geglu")
-ALPHA = 1.702
+ALPHA = DEFAULT_ALPHA
 AGREE_TOL = 2e-2  # the baseline rounds more often (after the GEMM, the bias, the activation)
 
 
-def limit_of(act):
-    return 7.0 if act == "swiglu_oai" else None
-
-
 def flops(m, hidden, inter, act):
-    up = 2 * m * hidden * (2 * inter if act in GATED else inter)
+    up = 2 * m * hidden * (2 * inter if is_gated(act) else inter)
     fwd = up + 2 * m * inter * hidden
     return fwd, 2 * fwd
 
@@ -48,7 +46,7 @@ def make_inputs(s, act, seed):
     from cute_moe import testing
     gen = torch.Generator(device="cuda").manual_seed(seed)
     m, h, i, e = s["tokens"] * s["topk"], s["hidden"], s["inter"], s["experts"]
-    up = 2 * i if act in GATED else i
+    up = 2 * i if is_gated(act) else i
     sizes = testing.group_sizes(m, e, "balanced", generator=torch.Generator().manual_seed(seed),
                                 max_size=s["tokens"])
 
@@ -71,19 +69,7 @@ def fused(t, offs, act):
     import cute_moe
     return cute_moe.expert_ffn(t["x"], t["w_up"], t["w_down"], offs, t.get("b_up"),
                                t.get("b_down"), activation=act, prob=t.get("prob"),
-                               swiglu_alpha=ALPHA, limit=limit_of(act))
-
-
-def torch_act(pre, act):
-    limit = limit_of(act)
-    if act in GATED:
-        g, u = pre[..., ::2], pre[..., 1::2]
-        if limit is not None:
-            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-        if act == "swiglu_oai":
-            return g * torch.sigmoid(g * ALPHA) * (u + 1)
-        return (F.silu(g) if act == "swiglu" else F.gelu(g, approximate="tanh")) * u
-    return F.relu(pre).square() if act == "srelu" else pre
+                               swiglu_alpha=ALPHA, limit=default_limit(act))
 
 
 def unfused(t, offs, act):
@@ -96,7 +82,9 @@ def unfused(t, offs, act):
     pre = torch._grouped_mm(x, t["w_up"], offs=offs)
     if "b_up" in t:
         pre = pre + t["b_up"][row_expert]
-    y = torch._grouped_mm(torch_act(pre, act), t["w_down"], offs=offs)
+    # the activation in bf16, as an eager PyTorch layer computes it
+    h = activation_ref(pre, act, ALPHA, default_limit(act))
+    y = torch._grouped_mm(h, t["w_down"], offs=offs)
     if "b_down" in t:
         y = y + t["b_down"][row_expert]
     if "prob" in t:
@@ -131,9 +119,9 @@ def bench_case(shape, act, reps, warmup, seed):
 
 
 def print_table(rows):
-    base = {r["shape"]: r for r in rows if r["activation"] == "swiglu_oai"}
+    base = {r["shape"]: r for r in rows if r["activation"] == DEFAULT_ACTIVATION}
     head = ("shape", "activation", "fwd ours", "fwd torch", "fwd x", "bwd ours", "bwd torch",
-            "bwd x", "fwd TF/s", "bwd TF/s", "f+b vs swiglu_oai", "max rel diff")
+            "bwd x", "fwd TF/s", "bwd TF/s", f"f+b vs {DEFAULT_ACTIVATION}", "max rel diff")
     lines = [head]
     for r in rows:
         b = base.get(r["shape"])
@@ -147,9 +135,10 @@ def print_table(rows):
                       fmt(r["fwd_flops"] / r["ours_fwd_ms"] / 1e9, ".0f"),
                       fmt(r["bwd_flops"] / r["ours_bwd_ms"] / 1e9, ".0f"),
                       fmt(vs, ".3f"), fmt(max(r["rel_diff"].values()), ".1e")))
-    print("ms, median of CUDA events; x: torch / ours; TF/s: GEMM FLOPs / our time; f+b vs "
-          "swiglu_oai: our forward+backward time over swiglu_oai's on the same shape; max rel "
-          "diff: ours vs torch over the output and the gradients of x, weights and prob")
+    print(f"ms, median of CUDA events; x: torch / ours; TF/s: GEMM FLOPs / our time; f+b vs "
+          f"{DEFAULT_ACTIVATION}: our forward+backward time over {DEFAULT_ACTIVATION}'s on the "
+          "same shape; max rel diff: ours vs torch over the output and the gradients of x, "
+          "weights and prob")
     print_columns(lines, left=2)
 
 

@@ -19,6 +19,8 @@ import torch
 
 from common import (fmt, import_cute_moe, peak_bytes, print_columns, rel_error, run_meta, time_ms,
                     write_json)
+from cute_moe.activation_args import default_limit
+from cute_moe.activations import DEFAULT_ALPHA
 
 # rows M = tokens * top-k routed rows, hidden H, expert intermediate I (up width 2I), experts E.
 SHAPES = {
@@ -29,7 +31,7 @@ SHAPES = {
 DEFAULT_SHAPES = ("gpt-oss-20b", "gpt-oss-20b-e128")
 ROUTINGS = ("balanced", "skewed")
 LAYOUTS = ("kn", "nk")  # kn: W_up (E, H, 2I), W_down (E, I, H); nk: transposed views (torchtitan)
-ALPHA, LIMIT = 1.702, 7.0
+ALPHA, LIMIT = DEFAULT_ALPHA, default_limit("swiglu_oai")  # GPT-OSS's
 # The baseline rounds to bf16 more often (after the GEMM, after the bias, inside the
 # activation), so the two differ by more than either does from an fp32 reference.
 AGREE_TOL = 2e-2
@@ -213,7 +215,7 @@ def parse_args(argv=None):
     ap.add_argument("--routing", default="balanced",
                     help=f"comma-separated, from {', '.join(ROUTINGS)}")
     ap.add_argument("--layout", default="kn",
-                    help="comma-separated, from kn (W (E, K, N), the seed's) and nk "
+                    help="comma-separated, from kn (W (E, K, N), the seed API's) and nk "
                          "(transposed views, torchtitan's)")
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions (median; >= 10)")
     ap.add_argument("--warmup", type=int, default=5)
@@ -238,11 +240,6 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     import_cute_moe()
-    from cute_moe import _ops
-    if not _ops.SWIGLU_REGISTERED:
-        print("bench_expert_ffn: the loaded op library has no cute_moe::grouped_mm_swiglu / "
-              "grouped_mm_swiglu_bwd; rebuild it", file=sys.stderr)
-        return 2
 
     rows = []
     for shape in args.shapes:

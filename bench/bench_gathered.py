@@ -15,12 +15,15 @@ import sys
 import torch
 
 from common import git_commit, import_cute_moe, run_meta, time_ms, write_json
+from cute_moe.activation_args import default_limit
+from cute_moe.activations import DEFAULT_ALPHA
 
-# tokens T, hidden H, up-projection width N = 2I, experts E, top-k, activation, limit
+# tokens T, hidden H, up-projection width N = 2I, experts E, top-k, activation (with its
+# default limit)
 SHAPES = {
-    "gpt-oss-20b": dict(tokens=24576, hidden=2880, n=5760, experts=32, topk=4, act="swiglu_oai", limit=7.0),
-    "qwen3-30b-a3b": dict(tokens=16384, hidden=2048, n=1536, experts=128, topk=8, act="swiglu", limit=None),
-    "seed-example": dict(tokens=8192, hidden=2048, n=2048, experts=8, topk=2, act="swiglu_oai", limit=7.0),
+    "gpt-oss-20b": dict(tokens=24576, hidden=2880, n=5760, experts=32, topk=4, act="swiglu_oai"),
+    "qwen3-30b-a3b": dict(tokens=16384, hidden=2048, n=1536, experts=128, topk=8, act="swiglu"),
+    "seed-example": dict(tokens=8192, hidden=2048, n=2048, experts=8, topk=2, act="swiglu_oai"),
 }
 
 
@@ -58,7 +61,7 @@ def main() -> int:
             label = name + (" skewed" if skewed else "")
             print(f"{label} ...", file=sys.stderr, flush=True)
             d = make_inputs(s, skewed, seed=0)
-            act = (s["act"], 1.702, s["limit"])
+            act = (s["act"], DEFAULT_ALPHA, default_limit(s["act"]))
             fused = lambda: ops.grouped_mm_act_gathered(d["x"], d["rows"], d["w"], d["offs"], d["b"], None, *act)
             gather = lambda: ops.gather_rows(d["x"], d["rows"])
             xs = gather()

@@ -25,7 +25,7 @@ SPOT_CHECK_TOL = 1e-2
 
 
 def make_inputs(s: dict, seed: int):
-    from cute_moe.reference_permute import routing_indices
+    from cute_moe.reference import routing_indices
     dev, bf16 = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(seed)
     t, h, k, e = s["tokens"], s["hidden"], s["topk"], s["experts"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops
-from ._checks import check_grouped_mm_args, check_offs_values
-from .reference import grouped_mm_ref
+from . import _library
+from .ops.checks import check_offs_values
+from .ops.gemm import check_grouped_mm_args
+from .reference.gemm import grouped_mm_ref
 
 __all__ = ["grouped_mm"]
 
@@ -32,6 +33,6 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
     """
     check_grouped_mm_args(x, w, offs, bias)
     check_offs_values("grouped_mm", offs, x.shape[0], "x")
-    if _ops.REGISTERED:
+    if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm(x, w, offs, bias)
     return grouped_mm_ref(x, w, offs, bias)

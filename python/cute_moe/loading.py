@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .activation_args import LIMIT_DEFAULT
+from .activations import DEFAULT_ALPHA
 from .nn import GroupedExperts, MoE
 from .repack import halves_to_interleaved
 
@@ -60,7 +62,8 @@ def _target(src: torch.Tensor, dtype, device) -> dict:
 
 
 def from_hf_gpt_oss(mlp, *, top_k: int | None = None, prefix: str = "",
-                    swiglu_alpha: float | None = None, limit: float | None = None,
+                    swiglu_alpha: float | None = None,
+                    limit: float | str | None = LIMIT_DEFAULT,
                     dtype: torch.dtype | None = None, device=None, **moe_kwargs) -> MoE:
     """A cute_moe.nn.MoE computing what HF transformers' GPT-OSS MoE block computes.
 
@@ -70,7 +73,9 @@ def from_hf_gpt_oss(mlp, *, top_k: int | None = None, prefix: str = "",
       the layer, e.g. "model.layers.3.mlp."). Dequantized weights only: MXFP4
       checkpoints (`*_blocks`, `*_scales`) must be loaded with dequantization first.
     top_k: from the module, else required for a state dict (GPT-OSS uses 4).
-    swiglu_alpha, limit: from the module, else GPT-OSS's 1.702 and 7.0.
+    swiglu_alpha: from the module, else GPT-OSS's 1.702 (DEFAULT_ALPHA). limit: "default"
+      (LIMIT_DEFAULT) takes the module's, else GPT-OSS's 7.0 (swiglu_oai's default
+      limit); None: no clamp.
     dtype, device: of the new layer (default: the source's). moe_kwargs go to MoE
       (e.g. impl, router_dtype=None to round the router like HF in bf16).
     The layout is HF's own ((E, H, 2I) interleaved, (E, I, H)): weights are copied as is.
@@ -80,7 +85,8 @@ def from_hf_gpt_oss(mlp, *, top_k: int | None = None, prefix: str = "",
         router, experts = mlp.router, mlp.experts
         top_k = top_k or router.top_k
         swiglu_alpha = swiglu_alpha if swiglu_alpha is not None else getattr(experts, "alpha", None)
-        limit = limit if limit is not None else getattr(experts, "limit", None)
+        if limit == LIMIT_DEFAULT:
+            limit = getattr(experts, "limit", LIMIT_DEFAULT)
         sd = {"router.weight": router.weight, "router.bias": router.bias,
               "experts.gate_up_proj": experts.gate_up_proj,
               "experts.gate_up_proj_bias": experts.gate_up_proj_bias,
@@ -99,9 +105,8 @@ def from_hf_gpt_oss(mlp, *, top_k: int | None = None, prefix: str = "",
     e, h, two_i = w_up.shape
     moe = MoE(h, two_i // 2, e, top_k, activation="swiglu_oai", bias=True, router_bias=True,
               score_func="softmax", renormalize=True,
-              swiglu_alpha=1.702 if swiglu_alpha is None else swiglu_alpha,
-              limit=7.0 if limit is None else limit, **_target(w_up, dtype, device),
-              **moe_kwargs)
+              swiglu_alpha=DEFAULT_ALPHA if swiglu_alpha is None else swiglu_alpha,
+              limit=limit, **_target(w_up, dtype, device), **moe_kwargs)
     _copy(moe.router.gate.weight, sd["router.weight"], "router.weight", fn)
     _copy(moe.router.gate.bias, sd["router.bias"], "router.bias", fn)
     for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
@@ -148,8 +153,8 @@ def _tt(name: str) -> str:
 
 
 def load_torchtitan_grouped_experts(state_dict: Mapping[str, torch.Tensor], *,
-                                    prefix: str = "", swiglu_alpha: float = 1.702,
-                                    limit: float | None = 7.0,
+                                    prefix: str = "", swiglu_alpha: float = DEFAULT_ALPHA,
+                                    limit: float | str | None = LIMIT_DEFAULT,
                                     dtype: torch.dtype | None = None, device=None,
                                     impl: str = "auto") -> GroupedExperts:
     """A cute_moe.nn.GroupedExperts from the parameters of one torchtitan expert module:
@@ -159,7 +164,7 @@ def load_torchtitan_grouped_experts(state_dict: Mapping[str, torch.Tensor], *,
       GptOssGroupedExperts: mlp1_weight (E, 2I, H) (gate/linear rows already
         interleaved), mlp1_bias (E, 2I), mlp2_weight (E, H, I), mlp2_bias (E, H) ->
         "swiglu_oai" with biases, alpha swiglu_alpha, clamp `limit` (torchtitan's
-        swiglu_limit, 7.0 by default).
+        swiglu_limit; "default": swiglu_oai's default limit, 7.0, torchtitan's default).
     Keys may carry a prefix (`prefix` selects one layer of a model's state dict) and
     torchtitan's shape suffixes (w1_EFD, mlp1_weight_EGD, ...). Weights are copied into
     our layout once (contiguous)."""
@@ -202,7 +207,8 @@ def load_torchtitan_grouped_experts(state_dict: Mapping[str, torch.Tensor], *,
 def from_torchtitan_moe(state_dict: Mapping[str, torch.Tensor], *, top_k: int,
                         score_func: str = "softmax", renormalize: bool = True,
                         route_scale: float = 1.0, load_balance_coeff: float | None = None,
-                        prefix: str = "", swiglu_alpha: float = 1.702, limit: float | None = 7.0,
+                        prefix: str = "", swiglu_alpha: float = DEFAULT_ALPHA,
+                        limit: float | str | None = LIMIT_DEFAULT,
                         dtype: torch.dtype | None = None, device=None,
                         **moe_kwargs) -> MoE:
     """A cute_moe.nn.MoE from one torchtitan MoE layer's state dict: router.gate.weight

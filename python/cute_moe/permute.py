@@ -2,7 +2,7 @@
 #
 # Routing of T tokens to top-k experts gives M = T*k routed rows sorted by expert, described
 # by two int32 index tensors that the router builds on the device (see
-# reference_permute.routing_indices):
+# cute_moe.nn.dispatch.sort_by_expert, or reference/permute.py's routing_indices):
 #   row_token  (M,)   the token of routed row r;
 #   token_rows (T, k) the routed row of (token t, choice j), the inverse permutation.
 # Each direction and its gradient is a gather over one of them, so nothing is scattered
@@ -10,28 +10,18 @@
 # host synchronisation (CUDA-graph safe).
 #
 # bf16 inputs run the library's ops (their CPU kernels are the references) under the
-# autograd.Functions below; other dtypes, or no library (or one without the ops), run the
-# references with plain autograd.
+# autograd.Functions below; other dtypes, or no library, run the references with plain
+# autograd.
 from __future__ import annotations
 
 import torch
 
-from . import _ops_permute
-from ._checks_permute import (check_permute_args, check_row_length, check_unpermute_args,
-                              vector_rows_ok)
-from .reference_permute import (gather_rows_dot_ref, gather_rows_ref, gather_sum_rows_ref,
-                                permute_ref, unpermute_ref)
+from . import _library
+from .ops.permute import (check_permute_args, check_row_length, check_unpermute_args,
+                          vector_rows_ok)
+from .reference.permute import permute_ref, unpermute_ref
 
 __all__ = ["permute", "unpermute"]
-
-
-def _gathers(use_ops: bool):
-    """gather_rows, gather_sum_rows, gather_rows_dot: the ops, or their references (which
-    let the formulas below be checked in float64)."""
-    if use_ops:
-        ops = torch.ops.cute_moe
-        return ops.gather_rows, ops.gather_sum_rows, ops.gather_rows_dot
-    return gather_rows_ref, gather_sum_rows_ref, gather_rows_dot_ref
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -46,17 +36,14 @@ class _Permute(torch.autograd.Function):
     """x_sorted[r] = x[row_token[r]]; dx[t] = sum_j dx_sorted[token_rows[t, j]]."""
 
     @staticmethod
-    def forward(ctx, x, row_token, token_rows, use_ops):
-        gather_rows, _, _ = _gathers(use_ops)
-        ctx.use_ops = use_ops
+    def forward(ctx, x, row_token, token_rows):
         ctx.save_for_backward(token_rows)
-        return gather_rows(x, row_token, None)
+        return torch.ops.cute_moe.gather_rows(x, row_token, None)
 
     @staticmethod
     def backward(ctx, grad):
         (token_rows,) = ctx.saved_tensors
-        _, gather_sum_rows, _ = _gathers(ctx.use_ops)
-        return gather_sum_rows(_rows(grad), token_rows, None), None, None, None
+        return torch.ops.cute_moe.gather_sum_rows(_rows(grad), token_rows, None), None, None
 
 
 class _Unpermute(torch.autograd.Function):
@@ -65,18 +52,16 @@ class _Unpermute(torch.autograd.Function):
     dweight[t, j] = <dout[t], y[token_rows[t, j]]>."""
 
     @staticmethod
-    def forward(ctx, y, token_rows, row_token, weight, use_ops):
-        _, gather_sum_rows, _ = _gathers(use_ops)
+    def forward(ctx, y, token_rows, row_token, weight):
         need_y, need_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[3]
-        ctx.use_ops = use_ops
         ctx.save_for_backward(token_rows, row_token, weight if need_y else None,
                               y if need_w else None)
-        return gather_sum_rows(y, token_rows, weight)
+        return torch.ops.cute_moe.gather_sum_rows(y, token_rows, weight)
 
     @staticmethod
     def backward(ctx, grad):
         token_rows, row_token, weight, y = ctx.saved_tensors
-        gather_rows, _, gather_rows_dot = _gathers(ctx.use_ops)
+        ops = torch.ops.cute_moe
         grad = _rows(grad)
         dy = dweight = None
         if ctx.needs_input_grad[0]:
@@ -86,14 +71,14 @@ class _Unpermute(torch.autograd.Function):
                 # per element (deterministic, no host read).
                 w_row = weight.new_empty(row_token.shape[0]).scatter_(
                     0, token_rows.reshape(-1).long(), weight.reshape(-1))
-            dy = gather_rows(grad, row_token, w_row)
+            dy = ops.gather_rows(grad, row_token, w_row)
         if y is not None:
-            dweight = gather_rows_dot(grad, y, token_rows)
-        return dy, None, None, dweight, None
+            dweight = ops.gather_rows_dot(grad, y, token_rows)
+        return dy, None, None, dweight
 
 
 def _use_ops(t: torch.Tensor) -> bool:
-    return _ops_permute.REGISTERED and t.dtype == torch.bfloat16
+    return _library.library_loaded() and t.dtype == torch.bfloat16
 
 
 def permute(x: torch.Tensor, row_token: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
@@ -112,7 +97,7 @@ def permute(x: torch.Tensor, row_token: torch.Tensor, token_rows: torch.Tensor) 
     if not _use_ops(x):
         return permute_ref(x, row_token)
     check_row_length("permute", "x", x)
-    return _Permute.apply(_rows(x), row_token.contiguous(), token_rows.contiguous(), True)
+    return _Permute.apply(_rows(x), row_token.contiguous(), token_rows.contiguous())
 
 
 def unpermute(y: torch.Tensor, token_rows: torch.Tensor, row_token: torch.Tensor,
@@ -135,4 +120,4 @@ def unpermute(y: torch.Tensor, token_rows: torch.Tensor, row_token: torch.Tensor
     check_row_length("unpermute", "y", y)
     if weight is not None:
         weight = weight.to(torch.float32).contiguous()
-    return _Unpermute.apply(_rows(y), token_rows.contiguous(), row_token.contiguous(), weight, True)
+    return _Unpermute.apply(_rows(y), token_rows.contiguous(), row_token.contiguous(), weight)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .reference import offsets_from_counts
+from .reference.groups import offsets_from_counts
 
 __all__ = ["ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
            "group_sizes", "Problem", "random_problem", "ExpertFFN", "random_expert_ffn"]

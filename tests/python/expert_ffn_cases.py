@@ -7,7 +7,7 @@ import torch
 from cute_moe import reference as ref, testing
 
 BF16 = torch.bfloat16
-ACTIVATIONS = ref.ACTIVATIONS
+ACTIVATIONS = tuple(ref.ACTIVATIONS)  # the names, in the table's order
 
 
 def make_block(m, hidden, inter, experts, activation, *, bias, prob, scale, routing="skewed",

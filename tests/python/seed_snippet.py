@@ -1,5 +1,6 @@
-# The usage snippet of seed 000, kept verbatim (but for the device and the sizes) so the
-# tests run exactly what the seed's users run; shared by the CPU and GPU SwiGLU tests.
+# The usage snippet of the seed API (cutlass_op.bf16_grouped_mm), kept verbatim (but for
+# the device and the sizes) so the tests run exactly what its users run; shared by the CPU
+# and GPU SwiGLU tests.
 from __future__ import annotations
 
 import torch

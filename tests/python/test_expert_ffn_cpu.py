@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import _ops, reference as ref, testing
+from cute_moe import reference as ref, testing
 
 from expert_ffn_cases import ACTIVATIONS, check_block, make_block, run_ours
 
@@ -94,7 +94,7 @@ def test_wrong_widths_are_rejected():
                             activation="swiglu")
 
 
-@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded")
 def test_schemas():
     ops = torch.ops.cute_moe
     assert str(ops.grouped_mm_act.default._schema) == (
@@ -108,7 +108,7 @@ def test_schemas():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cute_moe::{name}", "CPU")
 
 
-@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded")
 @pytest.mark.parametrize("activation", ["swiglu_oai", "geglu", "srelu", "none"])
 def test_torch_compile_fullgraph(activation):
     torch._dynamo.reset()
@@ -128,7 +128,7 @@ def test_torch_compile_fullgraph(activation):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.skipif(not _ops.ACT_REGISTERED, reason="the op library has no grouped_mm_act")
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded")
 @pytest.mark.parametrize("activation, prob, calls", [
     # The fused backward gives dprob and prob * h; "none" without prob needs neither.
     ("swiglu", True, ["grouped_mm_act_bwd"]),

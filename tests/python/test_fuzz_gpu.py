@@ -33,7 +33,7 @@ def _mult8(v: float) -> int:
 
 
 def _draw(rng: random.Random) -> dict:
-    activation = rng.choice(ref.ACTIVATIONS)
+    activation = rng.choice(tuple(ref.ACTIVATIONS))
     gated = activation in ref.GATED_ACTIVATIONS
     e = int(round(2 ** rng.uniform(0, 8)))  # 1 .. 256, log-uniform
     hidden = _mult8(2 ** rng.uniform(3, 12))  # 8 .. 4096

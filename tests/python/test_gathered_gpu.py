@@ -11,13 +11,12 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import _ops, testing
+from cute_moe import testing
 from cute_moe.reference import grouped_mm_act_gathered_ref
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(not _ops.GATHER_REGISTERED, reason="the op library is not loaded or has no "
-                       "grouped_mm_act_gathered"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded"),
 ]
 
 ops = torch.ops.cute_moe

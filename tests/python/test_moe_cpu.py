@@ -21,14 +21,12 @@ from cute_moe.bench import CONFIGS
 from cute_moe.bench.report import format_table, write_png
 from cute_moe.nn import GroupedExperts, MoE, TopKRouter, sort_by_expert
 from cute_moe.nn import dispatch as dispatch_mod
-from cute_moe.reference_moe import ReferenceMoE, activation_ref, experts_ref
+from cute_moe.activation_args import LIMIT_DEFAULT
+from cute_moe.activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from cute_moe.reference import ReferenceMoE, activation_ref, experts_ref
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-_EF = importlib.import_module("cute_moe.expert_ffn")
-HAS_EXPERT_FFN = hasattr(_EF, "expert_ffn")
-needs_expert_ffn = pytest.mark.skipif(not HAS_EXPERT_FFN,
-                                      reason="cute_moe.expert_ffn not available yet")
 
 # (name, MoE kwargs): the activations, score functions and bias switches the layer has
 LAYERS = [
@@ -281,8 +279,9 @@ def test_fused_call_contract(monkeypatch):
     activation and its parameters."""
     calls = []
 
-    def fake(x, w_up, w_down, offs, b_up=None, b_down=None, *, activation="swiglu", prob=None,
-             scale_up=None, scale_down=None, swiglu_alpha=1.702, limit=None):
+    def fake(x, w_up, w_down, offs, b_up=None, b_down=None, *, activation=DEFAULT_ACTIVATION,
+             prob=None, scale_up=None, scale_down=None, swiglu_alpha=DEFAULT_ALPHA,
+             limit=LIMIT_DEFAULT):
         calls.append(dict(x=x, w_up=w_up, w_down=w_down, offs=offs, b_up=b_up, b_down=b_down,
                           activation=activation, prob=prob, alpha=swiglu_alpha, limit=limit))
         return experts_ref(x.float(), offs, w_up.float(), w_down.float(),
@@ -309,7 +308,6 @@ def test_fused_call_contract(monkeypatch):
     assert not calls
 
 
-@needs_expert_ffn
 @pytest.mark.parametrize("name,kw", LAYERS[:4], ids=[n for n, _ in LAYERS[:4]])
 def test_moe_bf16_fused_path_cpu(name, kw):
     """The bf16 layer through cute_moe.expert_ffn (its CPU implementation) against the
@@ -574,7 +572,6 @@ def test_bench_configs():
     MoE(**CONFIGS["seed-example"].with_(hidden=16, inter=8).moe_kwargs())
 
 
-@needs_expert_ffn
 def test_bench_cpu_smoke(tmp_path):
     """The whole command on the CPU at a tiny shape (the hidden --cpu-smoke switch): the
     table, the JSON record, and the chart or the message saying why there is none."""
@@ -618,4 +615,4 @@ def test_activation_reference_formulas():
     torch.testing.assert_close(activation_ref(pre, "geglu"), F.gelu(a, approximate="tanh") * b)
     torch.testing.assert_close(activation_ref(pre, "srelu"), F.relu(pre) ** 2)
     assert torch.equal(activation_ref(pre, "none"), pre)
-    assert cute_moe.reference_moe.default_limit("swiglu_oai") == 7.0
+    assert cute_moe.reference.default_limit("swiglu_oai") == 7.0

@@ -5,23 +5,18 @@
 # gradients must be exact zeros); no host sync in forward + backward; determinism; one
 # CUDA graph holding forward + backward, replayed with new inputs (so new routing).
 # Needs a CUDA device and the op library.
-import importlib
-
 import pytest
 import torch
 
 import cute_moe
 from cute_moe import testing
 from cute_moe.nn import MoE
-from cute_moe.reference_moe import ReferenceMoE
-
-_EF = importlib.import_module("cute_moe.expert_ffn")
+from cute_moe.reference import ReferenceMoE
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded "
                        "(pip install --no-build-isolation .)"),
-    pytest.mark.skipif(not hasattr(_EF, "expert_ffn"), reason="cute_moe.expert_ffn missing"),
 ]
 
 BF16, F32 = torch.bfloat16, torch.float32

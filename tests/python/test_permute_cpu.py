@@ -4,26 +4,29 @@
 # functions through the library's ops (the references behind their CPU kernels) and through
 # the references alone, the argument errors, and, with a library that has the ops, the
 # registrations, fake kernels and torch.compile(fullgraph=True).
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cute_moe import _ops_permute, testing
+import cute_moe
+from cute_moe import _library, testing
 from cute_moe import permute as perm
-from cute_moe import reference_permute as ref
+from cute_moe import reference as ref
+from cute_moe.ops import permute as permute_ops
 from cute_moe.testing import OpLog
 
 BF16, F32, F64, I32 = torch.bfloat16, torch.float32, torch.float64, torch.int32
-HAS_OPS = _ops_permute.REGISTERED
-needs_ops = pytest.mark.skipif(not HAS_OPS, reason="the op library is not loaded or has no "
-                               "gather_rows (an older build)")
+HAS_OPS = cute_moe.library_loaded()
+needs_ops = pytest.mark.skipif(not HAS_OPS, reason="the op library is not loaded")
 
 
 @pytest.fixture(params=["library", "reference"])
 def backend(request, monkeypatch):
-    """library: the loaded library's ops when it has them; reference: as if it had none."""
+    """library: the loaded library's ops (when it is loaded); reference: as if it were not."""
     if request.param == "reference":
-        monkeypatch.setattr(_ops_permute, "REGISTERED", False)
+        monkeypatch.setattr(_library, "library_loaded", lambda: False)
     return request.param
 
 
@@ -161,16 +164,19 @@ def test_gradcheck_public_functions_on_reference_path():
 
 
 @pytest.mark.parametrize("tokens, k", [(6, 3), (1, 1), (9, 8)])
-def test_gradcheck_autograd_functions(tokens, k):
+def test_gradcheck_autograd_functions(tokens, k, monkeypatch):
     # The backward formulas of the ops path (gathers over the inverse index, the weight
-    # scattered to rows, the dot products), run with the reference gathers in float64.
+    # scattered to rows, the dot products), run in float64 with the references in place of
+    # the ops they call.
+    refs = SimpleNamespace(gather_rows=ref.gather_rows_ref, gather_sum_rows=ref.gather_sum_rows_ref,
+                           gather_rows_dot=ref.gather_rows_dot_ref)
+    monkeypatch.setattr(torch.ops, "cute_moe", refs)
     x, y, w, row_token, token_rows = _f64_problem(tokens, k, seed=tokens)
-    assert torch.autograd.gradcheck(lambda x: perm._Permute.apply(x, row_token, token_rows, False),
-                                    (x,))
+    assert torch.autograd.gradcheck(lambda x: perm._Permute.apply(x, row_token, token_rows), (x,))
     assert torch.autograd.gradcheck(
-        lambda y, w: perm._Unpermute.apply(y, token_rows, row_token, w, False), (y, w))
+        lambda y, w: perm._Unpermute.apply(y, token_rows, row_token, w), (y, w))
     assert torch.autograd.gradcheck(
-        lambda y: perm._Unpermute.apply(y, token_rows, row_token, None, False), (y,))
+        lambda y: perm._Unpermute.apply(y, token_rows, row_token, None), (y,))
 
 
 # ---- public functions --------------------------------------------------------------------------
@@ -301,7 +307,7 @@ def test_schemas_and_registrations():
         "cute_moe::gather_sum_rows(Tensor src, Tensor index, Tensor? weight=None) -> Tensor")
     assert str(ops.gather_rows_dot.default._schema) == (
         "cute_moe::gather_rows_dot(Tensor a, Tensor src, Tensor index) -> Tensor")
-    for name in _ops_permute.PERMUTE_OPS:
+    for name in permute_ops.OPS:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cute_moe::{name}", "CPU")
 
 

@@ -11,15 +11,15 @@ import sys
 import pytest
 import torch
 
-import cute_moe  # noqa: F401  (loads the op library)
-from cute_moe import _ops_permute, testing
+import cute_moe
+from cute_moe import reference as ref
 from cute_moe import permute as perm
-from cute_moe import reference_permute as ref
+from cute_moe import testing
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(not _ops_permute.REGISTERED, reason="the op library is not loaded or has no "
-                       "gather_rows (pip install --no-build-isolation .)"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded "
+                       "(pip install --no-build-isolation .)"),
 ]
 
 BF16, F32, F64, I32 = torch.bfloat16, torch.float32, torch.float64, torch.int32

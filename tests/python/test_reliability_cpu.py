@@ -38,7 +38,7 @@ def test_moe_on_zero_tokens(name, kw, dtype, fuse_gather):
         moe.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("activation", ref.ACTIVATIONS)
+@pytest.mark.parametrize("activation", tuple(ref.ACTIVATIONS))
 def test_reference_activations_propagate_nan(activation):
     """A NaN pre-activation gives a NaN output and a NaN gradient (torch's relu, clamp
     and sigmoid all keep it); srelu used to be the exception in the kernels' functor."""

@@ -88,7 +88,7 @@ def test_moe_on_zero_tokens(name, kw, fuse_gather):
         moe.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("activation", ref.ACTIVATIONS)
+@pytest.mark.parametrize("activation", tuple(ref.ACTIVATIONS))
 def test_nan_stays_visible_through_every_fused_activation(activation):
     """A NaN in one routed row's input gives NaN in that row's output (the reference
     propagates it; srelu's epilogue used to turn it into relu(nan) = 0) and in the

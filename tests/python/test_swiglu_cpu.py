@@ -3,8 +3,7 @@
 # references, the halves/interleaved repack, and the public grouped_mm_swiglu /
 # grouped_mm_downproj with their autograd against a plain-PyTorch float64 expert block.
 # The public functions run through the library's ops (the references behind their CPU
-# kernels, or in place of fused ops the library lacks) and through the references alone;
-# the op-level tests need a library with the fused ops.
+# kernels) and through the references alone; the op-level tests need the library.
 import warnings
 
 import pytest
@@ -12,25 +11,22 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cute_moe
-from cute_moe import _ops, repack, testing
+from cute_moe import _library, repack, testing
 from cute_moe.testing import OpLog
 from cute_moe import reference as ref
 from seed_snippet import run_seed_snippet
 
 BF16, F64 = torch.bfloat16, torch.float64
-HAS_OPS = hasattr(torch.ops.cute_moe, "grouped_mm_swiglu") and _ops.ACT_REGISTERED
-needs_ops = pytest.mark.skipif(not HAS_OPS, reason="the op library has no grouped_mm_act "
-                               "(an older build)")
+HAS_OPS = cute_moe.library_loaded()
+needs_ops = pytest.mark.skipif(not HAS_OPS, reason="the op library is not loaded")
 
 
 @pytest.fixture(params=["library", "reference"])
 def backend(request, monkeypatch):
-    """library: the loaded op library (with the references for ops it lacks);
-    reference: as if no library were loaded."""
+    """library: the loaded op library (when it is loaded); reference: as if no library
+    were loaded."""
     if request.param == "reference":
-        monkeypatch.setattr(_ops, "REGISTERED", False)
-        monkeypatch.setattr(_ops, "SWIGLU_REGISTERED", False)
-        monkeypatch.setattr(_ops, "ACT_REGISTERED", False)
+        monkeypatch.setattr(_library, "library_loaded", lambda: False)
     return request.param
 
 
@@ -430,7 +426,6 @@ def test_schemas_and_registrations():
     assert str(ops.grouped_mm_swiglu_bwd.default._schema) == (
         "cute_moe::grouped_mm_swiglu_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, "
         "float alpha=1.702, float? limit=7.) -> (Tensor, Tensor)")
-    assert _ops.SWIGLU_REGISTERED
     for name in ("cute_moe::grouped_mm_swiglu", "cute_moe::grouped_mm_swiglu_bwd"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
 

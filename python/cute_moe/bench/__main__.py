@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from ..reference_moe import ACTIVATIONS
+from ..activations import ACTIVATIONS, DEFAULT_ACTIVATION
 from .configs import CONFIGS, DEFAULT_CONFIGS
 
 CUSTOM_FLAGS = ("tokens", "hidden", "inter", "experts", "topk", "activation", "no_bias")
@@ -39,7 +39,9 @@ def parse_args(argv=None):
     g.add_argument("--inter", type=int, help="I, expert intermediate width (a multiple of 8)")
     g.add_argument("--experts", type=int, help="E, number of experts")
     g.add_argument("--topk", type=int, help="k, experts per token")
-    g.add_argument("--activation", choices=list(ACTIVATIONS))
+    g.add_argument("--activation", choices=list(ACTIVATIONS),
+                   help=f"the experts' activation (default: the config's; {DEFAULT_ACTIVATION} "
+                        "but for qwen3-30b-a3b)")
     g.add_argument("--no-bias", action="store_true", help="no expert or router biases")
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions, median (>= 5)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -51,11 +53,11 @@ def parse_args(argv=None):
                     help="results file (default: bench/results/moe-<UTC time>.json when "
                          "./bench/results exists, else ./cute_moe_bench-<UTC time>.json)")
     ap.add_argument("--png", metavar="PATH", help="chart (default: the JSON path with .png)")
-    # Runs the whole CLI on the CPU at a tiny shape through the reference paths, with
-    # wall-clock timing: for the tests of this script only, numbers mean nothing.
     ap.add_argument("--fuse-gather", action="store_true",
                     help="our layer with MoE(fuse_gather=True): the token gather inside the up "
                          "projection's GEMM (less memory, more time on Hopper)")
+    # Runs the whole CLI on the CPU at a tiny shape through the reference paths, with
+    # wall-clock timing: a smoke run of the command line, numbers mean nothing.
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -102,25 +104,14 @@ def hopper_problem() -> str | None:
 
 
 def library_problem() -> str | None:
-    """Why cute_moe cannot run its fused kernels here, or None."""
-    import importlib
-
+    """Why cute_moe cannot run its fused kernels here, or None (without the op library
+    the layer would run the PyTorch references: slow, with host syncs)."""
     import cute_moe
     from cute_moe import _library
 
     if not cute_moe.library_loaded():
-        return (f"the op library is not loaded ({_library._load_error or 'unknown reason'}); "
+        return (f"the op library is not loaded ({_library.load_error() or 'unknown reason'}); "
                 "build it from the repository root with `pip install --no-build-isolation .`")
-    if getattr(importlib.import_module("cute_moe.expert_ffn"), "expert_ffn", None) is None:
-        return "this cute_moe has no expert_ffn"
-    # without these the layer would run the PyTorch references (slow, host syncs)
-    from cute_moe import _ops, _ops_permute
-    missing = [name for name, ok in (
-        ("the fused activation GEMMs", getattr(_ops, "ACT_REGISTERED", _ops.REGISTERED)),
-        ("the permute gathers", _ops_permute.REGISTERED)) if not ok]
-    if missing:
-        return (f"the loaded op library lacks {' and '.join(missing)}; rebuild it "
-                "(`pip install --no-build-isolation .`)")
     return None
 
 
@@ -216,7 +207,7 @@ def main(argv=None) -> int:
                 + ", median; forward = the training forward (autograd graph recorded); "
                 "backward = autograd.grad of the input and all parameters alone, after an "
                 "untimed forward; fwd_bwd = their sum",
-                baseline="cute_moe.reference_moe.ReferenceMoE(impl='grouped_mm'): "
+                baseline="cute_moe.reference.ReferenceMoE(impl='grouped_mm'): "
                          "torchtitan-style, sharing the layer's parameter tensors")
     write_json(json_path, meta, rows)
     print(f"wrote {json_path}", file=sys.stderr)
@@ -225,7 +216,7 @@ def main(argv=None) -> int:
                                  f"({(meta['git_commit'] or 'no commit')[:10]})"):
         print(f"wrote {png_path}", file=sys.stderr)
     else:
-        print(f"cute_moe.bench: matplotlib is not installed, so no chart was written "
+        print("cute_moe.bench: matplotlib is not installed, so no chart was written "
               "(pip install -r requirements-bench.txt: the pinned matplotlib)", file=sys.stderr)
     return EXIT_MISMATCH if bad else 0
 

@@ -1,9 +1,12 @@
 # Named MoE layer shapes for `python -m cute_moe.bench`: one layer of the public models
-# the project targets, and the block of seed 000's example, at the token counts of a
-# training micro-batch on one GPU.
+# the project targets, and the example block of the seed API (grouped_mm_swiglu /
+# grouped_mm_downproj), at the token counts of a training micro-batch on one GPU.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+
+from ..activation_args import is_gated
+from ..activations import DEFAULT_ACTIVATION
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS"]
 
@@ -16,7 +19,7 @@ class BenchConfig:
     inter: int         # I, each expert's intermediate width
     experts: int       # E
     topk: int          # k
-    activation: str = "swiglu_oai"
+    activation: str = DEFAULT_ACTIVATION
     bias: bool = True          # expert biases
     router_bias: bool = True
     score_func: str = "softmax"
@@ -30,8 +33,7 @@ class BenchConfig:
 
     @property
     def gated(self) -> bool:
-        from ..reference_moe import ACTIVATIONS
-        return ACTIVATIONS[self.activation]
+        return is_gated(self.activation)
 
     def flops(self) -> tuple[int, int]:
         """(forward, backward) FLOPs of the expert GEMMs (router and elementwise work
@@ -64,11 +66,10 @@ CONFIGS = {c.name: c for c in (
     BenchConfig("qwen3-30b-a3b", tokens=16384, hidden=2048, inter=768, experts=128, topk=8,
                 activation="swiglu", bias=False, router_bias=False,
                 note="Qwen3-30B-A3B layer: SwiGLU, no biases, softmax top-8 renormalised"),
-    # Seed 000's example block (H, I, E) with top-2, at the 24K tokens per GPU of the
-    # seed's own torchtitan measurement.
+    # The seed API's example block (H, I, E) with top-2, at 24K tokens per GPU.
     BenchConfig("seed-example", tokens=24576, hidden=2048, inter=1024, experts=8, topk=2,
-                note="seed 000's example block (H=2048, I=1024, E=8), top-2, swiglu_oai "
-                     "with biases, 24K tokens as in the seed's measurement"),
+                note="the seed API's example block (H=2048, I=1024, E=8), top-2, swiglu_oai "
+                     "with biases, 24K tokens"),
 )}
 
 DEFAULT_CONFIGS = ("gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "seed-example")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ..nn import MoE
-from ..reference_moe import ReferenceMoE
+from ..reference.moe import ReferenceMoE
 from ..testing import rel_error
 from .configs import BenchConfig
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..activation_args import LIMIT_DEFAULT, check_activation, is_gated, resolve_limit, up_width
+from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from ..expert_ffn import expert_ffn
-from ..reference_moe import ACTIVATIONS, check_activation, default_limit, experts_ref, up_width
+from ..reference.moe import experts_ref
 
 __all__ = ["GroupedExperts"]
 
@@ -27,8 +29,9 @@ class GroupedExperts(nn.Module):
         biases exist when bias=True.
     activation: "swiglu_oai" (GPT-OSS: g = min(a, L), u = clamp(b, -L, L),
       h = g * sigmoid(alpha * g) * (u + 1)), "swiglu" (silu(a) * b), "geglu"
-      (gelu_tanh(a) * b), "srelu" (relu^2) or "none". limit: the clamp L of gated
-      activations; "default" is 7.0 for swiglu_oai and None (no clamp) otherwise.
+      (gelu_tanh(a) * b), "srelu" (relu^2) or "none" (cute_moe/activations.py). limit: the
+      clamp L of gated activations; "default" (LIMIT_DEFAULT) is the activation's default
+      limit, 7.0 for swiglu_oai and None (no clamp) otherwise.
     impl: "fused" runs cute_moe.expert_ffn (bf16; no host sync, CUDA-graph safe);
       "reference" the pure-PyTorch loop (any dtype; reads offs on the host); "auto" the
       first for bf16 inputs, the second otherwise. Parameters are cast to the input's
@@ -36,11 +39,12 @@ class GroupedExperts(nn.Module):
     """
 
     def __init__(self, hidden: int, inter: int, num_experts: int, *,
-                 activation: str = "swiglu_oai", bias: bool = True,
-                 swiglu_alpha: float = 1.702, limit="default", impl: str = "auto",
+                 activation: str = DEFAULT_ACTIVATION, bias: bool = True,
+                 swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
+                 impl: str = "auto",
                  init_std: float = 0.02, dtype: torch.dtype | None = None, device=None):
         super().__init__()
-        limit = default_limit(activation) if limit == "default" else limit
+        limit = resolve_limit(activation, limit)
         check_activation(activation, limit, "GroupedExperts")
         if impl not in IMPLS:
             raise ValueError(f"GroupedExperts: impl: expected one of {IMPLS}, got {impl!r}")
@@ -61,7 +65,7 @@ class GroupedExperts(nn.Module):
 
     @property
     def gated(self) -> bool:
-        return ACTIVATIONS[self.activation]
+        return is_gated(self.activation)
 
     def reset_parameters(self) -> None:
         """torchtitan's expert init: weights truncated normal with std init_std (+-3 std);

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..activation_args import LIMIT_DEFAULT
+from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .dispatch import permute, sort_by_expert, tokens_per_expert, unpermute
 from .experts import GroupedExperts
 from .router import RouterOutput, TopKRouter
@@ -40,9 +42,10 @@ class MoE(nn.Module):
     """
 
     def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int = 4, *,
-                 activation: str = "swiglu_oai", bias: bool = True, router_bias: bool = True,
-                 score_func: str = "softmax", renormalize: bool = True,
-                 route_scale: float = 1.0, swiglu_alpha: float = 1.702, limit="default",
+                 activation: str = DEFAULT_ACTIVATION, bias: bool = True,
+                 router_bias: bool = True, score_func: str = "softmax", renormalize: bool = True,
+                 route_scale: float = 1.0, swiglu_alpha: float = DEFAULT_ALPHA,
+                 limit: float | str | None = LIMIT_DEFAULT,
                  load_balance_coeff: float | None = None,
                  router_dtype: torch.dtype | None = torch.float32, impl: str = "auto",
                  fuse_gather: bool = False, init_std: float = 0.02,

@@ -1,7 +1,7 @@
-# Pure-PyTorch references of the token permute / unpermute (the dispatch and combine of an
-# MoE layer): the ground truth of the tests and the CPU implementation of the
-# cute_moe::gather_* ops. Plain indexing and fp32 (or finer) math, differentiable with
-# plain autograd; they check the index values on the host, which the kernels never do.
+"""References of the token permute / unpermute (dispatch and combine) and their gather ops."""
+# The ground truth of the tests and the CPU implementation of the cute_moe::gather_* ops.
+# Plain indexing and fp32 (or finer) math, differentiable with plain autograd; they check
+# the index values on the host, which the kernels never do.
 #
 # Routing of T tokens to top-k experts gives M = T*k routed rows sorted by expert:
 #   row_token  (M,)   int32: the token of routed row r;

@@ -1,66 +1,25 @@
-# Pure-PyTorch MoE layer with torchtitan's math: fp32 router (softmax or sigmoid scores,
-# top-k on scores + load-balancing bias, gather, optional renormalisation and scale),
-# stable sort of routed rows by expert, expert FFN (per-expert loop, or torch._grouped_mm
-# as torchtitan runs it on Hopper), router-probability scaling and an index_add combine.
-# It is the ground truth of the cute_moe.nn tests and the baseline of `python -m
-# cute_moe.bench`, so it shares no code with cute_moe.nn's router, dispatch or combine,
-# only the parameter layout (same names and shapes: state dicts load both ways).
-# cute_moe.nn uses its activation table, and its expert loop for dtypes the fused
-# kernels do not take.
+"""Reference MoE layer with torchtitan's math: router, sort by expert, expert FFN, combine."""
+# fp32 router (softmax or sigmoid scores, top-k on scores + load-balancing bias, gather,
+# optional renormalisation and scale), stable sort of routed rows by expert, expert FFN
+# (per-expert loop, or torch._grouped_mm as torchtitan runs it on Hopper),
+# router-probability scaling and an index_add combine. It is the ground truth of the
+# cute_moe.nn tests and the baseline of `python -m cute_moe.bench`, so it shares no code
+# with cute_moe.nn's router, dispatch or combine, only the parameter layout (same names
+# and shapes: state dicts load both ways). cute_moe.nn runs its expert loop for dtypes
+# the fused kernels do not take.
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATIONS", "GATED", "default_limit", "up_width", "activation_ref",
-           "experts_ref", "route_ref", "ReferenceMoE"]
+from ..activation_args import LIMIT_DEFAULT, check_activation, resolve_limit, up_width
+from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from .activation import activation_ref
 
-# name -> whether it is gated (W_up has 2I interleaved gate/linear columns)
-ACTIVATIONS = {"swiglu_oai": True, "swiglu": True, "geglu": True, "srelu": False, "none": False}
-GATED = tuple(k for k, gated in ACTIVATIONS.items() if gated)
+__all__ = ["experts_ref", "route_ref", "ReferenceMoE"]
+
 IMPLS = ("loop", "grouped_mm")
-
-
-def check_activation(activation: str, limit, where: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{where}: activation: expected one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-    if limit is not None and not ACTIVATIONS[activation]:
-        raise ValueError(f"{where}: limit: the clamps apply to gated activations only; "
-                         f"expected None for {activation!r}, got {limit}")
-    if limit is not None and not limit >= 0:
-        raise ValueError(f"{where}: limit: expected None or a float >= 0, got {limit}")
-
-
-def default_limit(activation: str) -> float | None:
-    """The SwiGLU clamp GPT-OSS uses (7.0) for swiglu_oai, none for the others."""
-    return 7.0 if activation == "swiglu_oai" else None
-
-
-def up_width(activation: str, inter: int) -> int:
-    """Columns of W_up: 2I (interleaved gate/linear) for gated activations, else I."""
-    return 2 * inter if ACTIVATIONS[activation] else inter
-
-
-def activation_ref(pre: torch.Tensor, activation: str = "swiglu_oai", alpha: float = 1.702,
-                   limit: float | None = None) -> torch.Tensor:
-    """h from the up projection's output `pre` (bias included), in pre's dtype. Gated
-    activations read interleaved columns: a = pre[..., 0::2] (gate), b = pre[..., 1::2]
-    (linear); a limit clamps a <= L and -L <= b <= L first (GPT-OSS).
-      swiglu_oai: a * sigmoid(alpha * a) * (b + 1)     swiglu: silu(a) * b
-      geglu: gelu_tanh(a) * b     srelu: relu(pre)^2     none: pre"""
-    if not ACTIVATIONS[activation]:
-        return F.relu(pre).square() if activation == "srelu" else pre
-    a, b = pre[..., 0::2], pre[..., 1::2]
-    if limit is not None:
-        a = a.clamp(min=None, max=limit)
-        b = b.clamp(min=-limit, max=limit)
-    if activation == "swiglu_oai":
-        return a * torch.sigmoid(alpha * a) * (b + 1)
-    if activation == "swiglu":
-        return F.silu(a) * b
-    return F.gelu(a, approximate="tanh") * b
 
 
 def _row_expert(offs: torch.Tensor, m: int) -> torch.Tensor:
@@ -74,8 +33,8 @@ def _row_expert(offs: torch.Tensor, m: int) -> torch.Tensor:
 
 def experts_ref(x: torch.Tensor, offs: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                 b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
-                prob: torch.Tensor | None = None, *, activation: str = "swiglu_oai",
-                alpha: float = 1.702, limit: float | None = None,
+                prob: torch.Tensor | None = None, *, activation: str = DEFAULT_ACTIVATION,
+                alpha: float = DEFAULT_ALPHA, limit: float | None = None,
                 impl: str = "loop") -> torch.Tensor:
     """y[r] = prob[r] * (act(x[r] @ w_up[e] + b_up[e]) @ w_down[e] + b_down[e]) for the
     rows r of expert e (sorted, offs cumulative end offsets); rows past offs[-1] zero.
@@ -173,14 +132,15 @@ class ReferenceMoE(nn.Module):
     "grouped_mm" (torchtitan's Hopper path; bf16 on CUDA; no host sync)."""
 
     def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int = 4, *,
-                 activation: str = "swiglu_oai", bias: bool = True, router_bias: bool = True,
-                 score_func: str = "softmax", renormalize: bool = True,
-                 route_scale: float = 1.0, swiglu_alpha: float = 1.702, limit="default",
+                 activation: str = DEFAULT_ACTIVATION, bias: bool = True,
+                 router_bias: bool = True, score_func: str = "softmax", renormalize: bool = True,
+                 route_scale: float = 1.0, swiglu_alpha: float = DEFAULT_ALPHA,
+                 limit: float | str | None = LIMIT_DEFAULT,
                  load_balance_coeff: float | None = None,
                  router_dtype: torch.dtype | None = torch.float32, impl: str = "loop",
                  dtype=None, device=None):
         super().__init__()
-        limit = default_limit(activation) if limit == "default" else limit
+        limit = resolve_limit(activation, limit)
         check_activation(activation, limit, "ReferenceMoE")
         if impl not in IMPLS:
             raise ValueError(f"ReferenceMoE: impl: expected one of {IMPLS}, got {impl!r}")

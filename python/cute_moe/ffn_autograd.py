@@ -1,0 +1,233 @@
+"""The autograd of the fused expert FFN: its up and down projections as autograd.Functions."""
+# The up projection runs the GEMM, the per-expert scale, the bias and the activation in
+# one grouped GEMM and also returns the pre-activations; the down projection, handed
+# those, runs the activation's backward (and the router-probability gradient) inside its
+# input-gradient GEMM and recomputes the activation there instead of keeping it. The
+# autograd spans both ops, so it lives here rather than on the ops. Without the op
+# library the references run in place of the ops, under the same autograd.
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _library
+from .reference.activation import act_bwd_ref, act_ref
+from .reference.gemm import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref,
+                             grouped_mm_wgrad_ref)
+from .reference.glu import grouped_mm_act_bwd_ref, grouped_mm_act_ref
+
+__all__ = ["Act", "UpProj", "DownProj", "ScaledMM", "gathered_ok"]
+
+
+class Act(NamedTuple):
+    """An activation with its parameters (alpha: swiglu_oai's sigmoid scale)."""
+    name: str
+    alpha: float
+    limit: float | None
+
+
+def _mm(a, w, offs, bias=None):
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_mm(a, w, offs, bias)
+    return grouped_mm_ref(a, w, offs, bias)
+
+
+def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
+    """prob[r] * (scale[e] * (a @ w[e]) + bias[e]), no autograd."""
+    if scale is None and prob is None:
+        return _mm(a, w, offs, bias)
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias, scale, prob)
+    return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
+
+
+def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None):
+    """(h, pre) of the fused up projection; over x[rows] when rows is given (the gather
+    fused into the GEMM)."""
+    if rows is not None:
+        return torch.ops.cute_moe.grouped_mm_act_gathered(x, rows, w, offs, bias, scale, act.name,
+                                                          act.alpha, act.limit)
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
+                                                 act.limit)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, act.name, act.alpha, act.limit)
+
+
+def _act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act: Act):
+    """(dpre, prob * h, dprob) of the fused down-projection input gradient."""
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias,
+                                                     prob_grad, act.name, act.alpha, act.limit)
+    return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act.name,
+                                  act.alpha, act.limit)
+
+
+def _column_sum(src, offs, row_scale=None):
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_column_sum(src, offs, row_scale) if row_scale is not None \
+            else torch.ops.cute_moe.grouped_column_sum(src, offs)
+    return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _wgrad(a, dy, offs, w, out_dtype):
+    """a[rows_e]^T @ dy[rows_e] in w's layout (the transposed view of an (E, N, K) result
+    for a transposed weight)."""
+    transposed = w.stride(2) != 1
+    if _library.library_loaded():
+        if transposed:
+            return torch.ops.cute_moe.grouped_mm_wgrad(dy, a, offs, out_dtype)[0].transpose(-2, -1)
+        return torch.ops.cute_moe.grouped_mm_wgrad(a, dy, offs, out_dtype)[0]
+    if transposed:
+        return grouped_mm_wgrad_ref(dy, a, offs, out_dtype).transpose(-2, -1)
+    return grouped_mm_wgrad_ref(a, dy, offs, out_dtype)
+
+
+def _param_grads(a, dy, offs, w, need_w, bias_dtype, scale=None, need_scale=False,
+                 row_scale=None):
+    """Gradients of w, bias and scale in y[r] = row_scale[r] * (scale[e] * (a[r] @ w[e]) +
+    bias[e]) when `a` already carries row_scale (a = row_scale * h): dw with the weight's
+    layout, db (in bias_dtype; None when bias_dtype is None) = sum row_scale * dy, dscale
+    = <w[e], a^T dy>. None where not needed."""
+    need_b = bias_dtype is not None
+    dw = db = dscale = None
+    if scale is None:
+        if (need_w and need_b and row_scale is None and _library.library_loaded()
+                and w.stride(2) == 1):
+            dw, db = torch.ops.cute_moe.grouped_mm_wgrad(a, dy, offs, w.dtype, True)
+        elif need_w:
+            dw = _wgrad(a, dy, offs, w, w.dtype)
+    elif need_w or need_scale:
+        g = _wgrad(a, dy, offs, w, torch.float32)  # unscaled, so dscale needs no division
+        if need_w:
+            dw = (g * scale[:, None, None]).to(w.dtype)
+        if need_scale:
+            dscale = (g * w.to(torch.float32)).sum((1, 2)).to(scale.dtype)
+    if need_b and db is None:
+        db = _column_sum(dy, offs, row_scale)
+    return dw, (db.to(bias_dtype) if need_b else None), dscale
+
+
+def gathered_ok(x, w, act: Act) -> bool:
+    """Whether the gathered up projection (the op) takes these operands."""
+    return (_library.library_loaded() and x.is_cuda and act.name != "none"
+            and (w.stride(2) == 1 or w.shape[2] == 1))
+
+
+class UpProj(torch.autograd.Function):
+    """(x, W_up, offs, b_up, scale_up) -> (h, pre). Backward takes the gradient of pre
+    (from DownProj) and, when h also feeds something else, adds the activation's backward
+    of h's gradient computed from pre, recomputed. With h_differentiable False (expert_ffn,
+    where h only feeds DownProj) h is marked non-differentiable, so no gradient of h
+    exists to handle, under torch.compile too.
+    Gathered (rows given, the gathered op; gathered_ok): x holds the tokens and routed row
+    r is x[rows[r]]. The backward sums each token's rows of the input gradient, through
+    token_rows (T, k) when given (deterministic, cute_moe.permute's gather-sum), else with
+    index_add_; it gathers x[rows] once more for the weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None):
+        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows)
+        ctx.set_materialize_grads(False)
+        if not h_differentiable:
+            ctx.mark_non_differentiable(h)
+        ctx.act = act
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        # pre is NOT kept here: in the fused route DownProj keeps it and frees it after its
+        # backward, before this backward allocates dW_up (1 GiB less at the peak for
+        # GPT-OSS-20B). The unfused route recomputes it (x, W_up, bias are inputs: saving
+        # them costs nothing).
+        ctx.save_for_backward(x, w, offs, bias, scale, rows, token_rows)
+        return h, pre
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_pre):
+        x, w, offs, bias, scale, rows, token_rows = ctx.saved_tensors
+        act = ctx.act
+        dpre = grad_pre
+        # h took gradient outside the fused route (grouped_mm_swiglu's swiglu_out used twice).
+        # torch.compile may hand a zero grad_h here rather than None: still correct.
+        if grad_h is not None:
+            pre = _act_fwd(x, w, offs, bias, scale, act, rows)[1]  # same bits as the forward's
+            d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
+            dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
+        if dpre is None:
+            return (None,) * 9
+        dpre = dpre.contiguous()
+        need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
+        dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
+        if rows is not None:
+            if dx is not None and token_rows is not None:
+                dx = torch.ops.cute_moe.gather_sum_rows(dx, token_rows, None)
+            elif dx is not None:
+                acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                dx = acc.index_add_(0, rows.long(), dx.float()).to(x.dtype)
+            x = torch.ops.cute_moe.gather_rows(x, rows, None) if (need_w or need_scale) else None
+        dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
+                                      ctx.bias_dtype if need_b else None, scale, need_scale)
+        return dx, dw, None, db, dscale, None, None, None, None
+
+
+class DownProj(torch.autograd.Function):
+    """(h, W_down, offs, b_down, pre, prob, scale_down) -> out = prob[r] * (scale_down[e] *
+    (h @ W_down[e]) + b_down[e]). Keeps pre, not h: backward gets (dpre, prob * h, dprob)
+    from one fused GEMM and returns dpre as pre's gradient and none for h (the gradient h
+    would get reaches the same leaves through pre). For "none", h is pre (the same
+    tensor is passed twice)."""
+
+    @staticmethod
+    def forward(ctx, h, w, offs, bias, pre, prob, scale, act):
+        out = _scaled_mm(h, w, offs, bias, scale, prob)
+        _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
+        ctx.act = act
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        keep_pre = need_w or need_pre or need_prob or need_scale or (need_b and prob is not None)
+        ctx.save_for_backward(pre if keep_pre else None, w, offs, bias if need_prob else None,
+                              prob, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        pre, w, offs, bias, prob, scale = ctx.saved_tensors
+        _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
+        act = ctx.act
+        dy = dy.contiguous()
+        dpre = hp = dprob = None
+        if act.name == "none" and prob is None:  # a plain input gradient; h is pre
+            if need_pre:
+                dpre = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale)
+            hp = pre
+        elif need_pre or need_prob:
+            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, bias,
+                                       need_prob, act)
+            if not need_prob:
+                dprob = None
+        elif need_w or need_scale:
+            h = act_ref(pre, act.name, act.alpha, act.limit)
+            hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
+        dw, db, dscale = _param_grads(hp, dy, offs, w, need_w, ctx.bias_dtype if need_b else None,
+                                      scale, need_scale, row_scale=prob)
+        if not need_pre:
+            dpre = None
+        return None, dw, None, db, dpre, dprob, dscale, None
+
+
+class ScaledMM(torch.autograd.Function):
+    """y = scale[e] * (x @ w[e]) + bias[e] (the "none" activation's up projection)."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, bias, scale):
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.save_for_backward(x, w, offs, scale)
+        return _scaled_mm(x, w, offs, bias, scale)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offs, scale = ctx.saved_tensors
+        need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
+        dy = dy.contiguous()
+        dx = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale) if need_x else None
+        dw, db, dscale = _param_grads(x, dy, offs, w, need_w, ctx.bias_dtype if need_b else None,
+                                      scale, need_scale)
+        return dx, dw, None, db, dscale
+

@@ -1,0 +1,170 @@
+"""The grouped GEMM ops: grouped_mm, grouped_mm_wgrad, grouped_column_sum, grouped_mm_scaled."""
+# Their argument checks, fake and CPU kernels (the references), and the autograd formula
+# of cute_moe::grouped_mm, registered on import when the op library is loaded.
+from __future__ import annotations
+
+import torch
+
+from .. import _library
+from ..reference.gemm import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref,
+                              grouped_mm_wgrad_ref)
+from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
+                     unit_columns)
+from .registry import register_kernels
+
+__all__ = ["check_grouped_mm_args", "check_grouped_mm_wgrad_args",
+           "check_grouped_column_sum_args", "check_grouped_mm_scaled_args"]
+
+
+def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm",
+                          names: dict[str, str] | None = None) -> None:
+    """x (M, K) with unit column stride, w (E, K, N) with w.stride(2) == 1 or
+    w.stride(1) == 1, offs (E,) int32, bias (E, N); all bf16 but offs, one device.
+    `names` renames arguments in the messages (e.g. {"w": "W_up"})."""
+    name = (names or {}).get
+    nx, nw, nb = name("x", "x"), name("w", "w"), name("bias", "bias")
+    check_tensor(op, nx, x, 2, torch.bfloat16)
+    check_tensor(op, nw, w, 3, torch.bfloat16)
+    num_groups, k, n = w.shape
+    check_offs_length(op, offs, num_groups, f"{nw}.shape[0], the number of groups")
+    if x.shape[1] != k:
+        fail(op, nx, f"{k} columns ({nw}.shape[1])", f"shape {tuple(x.shape)}")
+    if not unit_columns(x):
+        fail(op, nx, "unit column stride (call .contiguous())", f"strides {x.stride()}")
+    if w.stride(2) != 1 and w.stride(1) != 1:
+        fail(op, nw, f"{nw}.stride(2) == 1 (E, K, N) or {nw}.stride(1) == 1 (a transposed "
+             "(E, N, K) tensor)", f"strides {w.stride()}")
+    if bias is not None:
+        check_tensor(op, nb, bias, 2, torch.bfloat16)
+        if tuple(bias.shape) != (num_groups, n):
+            fail(op, nb, f"shape {(num_groups, n)} (E, N)", f"shape {tuple(bias.shape)}")
+    check_same_device(op, nx, x, **{nw: w, "offs": offs, nb: bias})
+
+
+def check_grouped_mm_wgrad_args(x, dy, offs, out_dtype=None,
+                                op: str = "grouped_mm_wgrad") -> None:
+    """x (M, K), dy (M, N) bf16, offs 1-D int32, out_dtype bf16, float32 or None."""
+    check_tensor(op, "x", x, 2, torch.bfloat16)
+    check_tensor(op, "dy", dy, 2, torch.bfloat16)
+    if dy.shape[0] != x.shape[0]:
+        fail(op, "dy", f"{x.shape[0]} rows (x.shape[0])", f"shape {tuple(dy.shape)}")
+    check_tensor(op, "offs", offs, 1, torch.int32)
+    if out_dtype not in (None, torch.bfloat16, torch.float32):
+        fail(op, "out_dtype", "torch.bfloat16 or torch.float32", out_dtype)
+    check_same_device(op, "x", x, dy=dy, offs=offs)
+
+
+def check_grouped_column_sum_args(src, offs, row_scale=None,
+                                  op: str = "grouped_column_sum") -> None:
+    """src (M, N) bf16, offs 1-D int32 and row_scale (M,) float32 on src's device."""
+    check_tensor(op, "src", src, 2, torch.bfloat16)
+    check_tensor(op, "offs", offs, 1, torch.int32)
+    check_same_device(op, "src", src, offs=offs)
+    check_scales(op, "row_scale", row_scale, src.shape[0], "one per row of src", "src", src)
+
+
+def check_grouped_mm_scaled_args(x, w, offs, bias=None, scale=None, prob=None,
+                                 op: str = "grouped_mm_scaled") -> None:
+    check_grouped_mm_args(x, w, offs, bias, op)
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "x", x)
+    check_scales(op, "prob", prob, x.shape[0], "one per row of x", "x", x)
+
+
+# --- fake and CPU kernels (every argument given: see registry.py) ---------------------
+
+def _fake_grouped_mm(x, w, offs, bias):
+    check_grouped_mm_args(x, w, offs, bias)
+    return x.new_empty(x.shape[0], w.shape[2])
+
+
+def _cpu_grouped_mm(x, w, offs, bias):
+    check_grouped_mm_args(x, w, offs, bias)
+    return grouped_mm_ref(x, w, offs, bias)
+
+
+def _fake_grouped_mm_wgrad(x, dy, offs, out_dtype, bias_grad):
+    check_grouped_mm_wgrad_args(x, dy, offs, out_dtype)
+    num_groups = offs.shape[0]
+    dw = x.new_empty(num_groups, x.shape[1], dy.shape[1], dtype=out_dtype or torch.bfloat16)
+    db = x.new_empty((num_groups, dy.shape[1]) if bias_grad else (0,), dtype=torch.float32)
+    return dw, db
+
+
+def _cpu_grouped_mm_wgrad(x, dy, offs, out_dtype, bias_grad):
+    check_grouped_mm_wgrad_args(x, dy, offs, out_dtype)
+    dw = grouped_mm_wgrad_ref(x, dy, offs, out_dtype or torch.bfloat16)
+    if not bias_grad:
+        return dw, x.new_empty(0, dtype=torch.float32)
+    return dw, grouped_bias_grad_ref(dy, offs)
+
+
+def _fake_grouped_column_sum(src, offs, row_scale):
+    check_grouped_column_sum_args(src, offs, row_scale)
+    return src.new_empty(offs.shape[0], src.shape[1], dtype=torch.float32)
+
+
+def _cpu_grouped_column_sum(src, offs, row_scale):
+    check_grouped_column_sum_args(src, offs, row_scale)
+    return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _fake_grouped_mm_scaled(x, w, offs, bias, scale, prob):
+    check_grouped_mm_scaled_args(x, w, offs, bias, scale, prob)
+    return x.new_empty(x.shape[0], w.shape[2])
+
+
+def _cpu_grouped_mm_scaled(x, w, offs, bias, scale, prob):
+    check_grouped_mm_scaled_args(x, w, offs, bias, scale, prob)
+    return grouped_mm_scaled_ref(x, w, offs, bias, scale, prob)
+
+
+# --- autograd of cute_moe::grouped_mm --------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    x, w, offs, bias = inputs
+    need_x, need_w = ctx.needs_input_grad[:2]
+    # (E, K, N) row-major weights give (E, K, N) gradients; a transposed view of an
+    # (E, N, K) tensor gets the transposed view of an (E, N, K) gradient.
+    ctx.w_transposed = w.stride(2) != 1
+    ctx.w_dtype = w.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.save_for_backward(x if need_w else None, w if need_x else None, offs)
+
+
+def _backward(ctx, dy):
+    x, w, offs = ctx.saved_tensors
+    # The dispatcher drops a bias equal to its default (None) from the inputs.
+    needs = ctx.needs_input_grad
+    need_x, need_w = needs[:2]
+    need_b = len(needs) > 3 and needs[3]
+    dy = dy.contiguous()
+    dx = dw = db = None
+    if need_x:
+        dx = torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs)
+    if need_w and not ctx.w_transposed:
+        dw, db = torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs, ctx.w_dtype, need_b)
+    elif need_w:
+        dw_t, _ = torch.ops.cute_moe.grouped_mm_wgrad(dy, x, offs, ctx.w_dtype)
+        dw = dw_t.transpose(-2, -1)
+    if need_b:
+        if db is None:
+            db = torch.ops.cute_moe.grouped_column_sum(dy, offs)
+        db = db.to(ctx.bias_dtype)
+    else:
+        db = None
+    return (dx, dw, None, db)[: len(needs)]
+
+
+def _register() -> None:
+    for name, fake, cpu in (
+            ("grouped_mm", _fake_grouped_mm, _cpu_grouped_mm),
+            ("grouped_mm_wgrad", _fake_grouped_mm_wgrad, _cpu_grouped_mm_wgrad),
+            ("grouped_column_sum", _fake_grouped_column_sum, _cpu_grouped_column_sum),
+            ("grouped_mm_scaled", _fake_grouped_mm_scaled, _cpu_grouped_mm_scaled)):
+        register_kernels(name, fake, cpu)
+    torch.library.register_autograd("cute_moe::grouped_mm", _backward,
+                                    setup_context=_setup_context)
+
+
+if _library.library_loaded():
+    _register()

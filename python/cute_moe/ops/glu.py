@@ -1,0 +1,190 @@
+"""The GEMM-plus-activation ops: grouped_mm_act(_gathered, _bwd), grouped_mm_swiglu(_bwd)."""
+# Their argument checks, fake and CPU kernels (the references), registered on import when
+# the op library is loaded. Their autograd spans two ops (an up projection and the down
+# projection that runs its backward), so it lives in cute_moe/ffn_autograd.py, not here.
+from __future__ import annotations
+
+import torch
+
+from .. import _library
+from ..activation_args import check_act_params, check_activation, is_gated
+from ..reference.glu import (grouped_mm_act_bwd_ref, grouped_mm_act_gathered_ref,
+                             grouped_mm_act_ref, grouped_mm_swiglu_bwd_ref, grouped_mm_swiglu_ref)
+from .checks import check_same_device, check_scales, check_tensor, fail, unit_columns
+from .gemm import check_grouped_mm_args
+from .registry import register_kernels
+
+__all__ = ["check_gated_width", "check_grouped_mm_swiglu_args", "check_pre_args",
+           "check_grouped_mm_swiglu_bwd_args", "check_grouped_mm_act_args",
+           "check_grouped_mm_act_gathered_args", "check_grouped_mm_act_bwd_args"]
+
+
+def check_gated_width(op: str, w, name: str = "w", activation: str | None = None) -> None:
+    """An even w.shape[2]: the 2I interleaved (gate, linear) columns of a gated activation."""
+    if w.shape[2] % 2:
+        what = f" for {activation!r}" if activation else ""
+        fail(op, name, f"an even {name}.shape[2] (2I interleaved gate/linear columns{what})",
+             f"shape {tuple(w.shape)}")
+
+
+def check_grouped_mm_swiglu_args(x, w, offs, bias, alpha, limit, op: str = "grouped_mm_swiglu",
+                                 names: dict[str, str] | None = None) -> None:
+    """check_grouped_mm_args with an even output width 2I (interleaved gate/linear
+    columns) and valid SwiGLU parameters."""
+    check_grouped_mm_args(x, w, offs, bias, op, names)
+    check_gated_width(op, w, (names or {}).get("w", "w"))
+    check_act_params(alpha, limit, op, names)
+
+
+def check_pre_args(pre, m: int, inter: int, ref_name: str, ref: torch.Tensor, op: str,
+                   name: str = "pre") -> None:
+    """pre (m, 2 * inter) bf16 with unit column stride, on ref's device."""
+    check_tensor(op, name, pre, 2, torch.bfloat16)
+    if tuple(pre.shape) != (m, 2 * inter):
+        fail(op, name, f"shape {(m, 2 * inter)} (M, 2I)", f"shape {tuple(pre.shape)}")
+    if not unit_columns(pre):
+        fail(op, name, "unit column stride (call .contiguous())", f"strides {pre.stride()}")
+    check_same_device(op, ref_name, ref, **{name: pre})
+
+
+def check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit,
+                                     op: str = "grouped_mm_swiglu_bwd") -> None:
+    """dy (M, N) and w (E, N, I) as check_grouped_mm_args has them, pre (M, 2I)."""
+    check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
+    check_pre_args(pre, dy.shape[0], w.shape[2], "dy", dy, op)
+    check_act_params(alpha, limit, op)
+
+
+def check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
+                              op: str = "grouped_mm_act") -> None:
+    check_activation(activation, limit, op)
+    if activation == "none":
+        fail(op, "activation", "a fused activation (not 'none': use grouped_mm_scaled)",
+             repr(activation))
+    check_grouped_mm_args(x, w, offs, bias, op)
+    if is_gated(activation):
+        check_gated_width(op, w, "w", activation)
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "x", x)
+    check_act_params(alpha, limit, op)
+
+
+def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit,
+                                       op: str = "grouped_mm_act_gathered") -> None:
+    """grouped_mm_act's rules for x (T, K) plus rows (M,) int32 on x's device and a weight
+    contiguous along N (the gathered kernel loads B as (E, K, N) row-major)."""
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit, op)
+    check_tensor(op, "rows", rows, 1, torch.int32)
+    check_same_device(op, "x", x, rows=rows)
+    if w.stride(2) != 1 and w.shape[2] > 1:
+        fail(op, "w", "w.stride(2) == 1 (an (E, K, N) row-major weight)", f"strides {w.stride()}")
+    if rows.shape[0] > 0 and x.shape[0] == 0:
+        fail(op, "x", "at least one row to gather from", f"shape {tuple(x.shape)}")
+
+
+def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit,
+                                  op: str = "grouped_mm_act_bwd") -> None:
+    check_activation(activation, limit, op)
+    check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
+    width = 2 * w.shape[2] if is_gated(activation) else w.shape[2]
+    check_tensor(op, "pre", pre, 2, torch.bfloat16)
+    if tuple(pre.shape) != (dy.shape[0], width):
+        fail(op, "pre", f"shape {(dy.shape[0], width)}", f"shape {tuple(pre.shape)}")
+    if not unit_columns(pre):
+        fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
+    check_same_device(op, "dy", dy, pre=pre)
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "dy", dy)
+    check_scales(op, "prob", prob, dy.shape[0], "one per row of dy", "dy", dy)
+    if prob_grad and prob is None:
+        fail(op, "prob", "a tensor when prob_grad is set", None)
+    if out_bias is not None:
+        if not prob_grad:
+            fail(op, "out_bias", "None unless prob_grad (it is only read for dprob)", "a tensor")
+        check_tensor(op, "out_bias", out_bias, 2, torch.bfloat16)
+        if tuple(out_bias.shape) != (w.shape[0], dy.shape[1]):
+            fail(op, "out_bias", f"shape {(w.shape[0], dy.shape[1])} (E, H)",
+                 f"shape {tuple(out_bias.shape)}")
+        check_same_device(op, "dy", dy, out_bias=out_bias)
+    check_act_params(alpha, limit, op)
+
+
+# --- fake and CPU kernels (every argument given: see registry.py) ---------------------
+
+def _h_width(activation: str, n: int) -> int:
+    return n // 2 if is_gated(activation) else n
+
+
+def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
+    n = w.shape[2]
+    return x.new_empty(x.shape[0], _h_width(activation, n)), x.new_empty(x.shape[0], n)
+
+
+def _cpu_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit)
+
+
+def _fake_grouped_mm_act_gathered(x, rows, w, offs, bias, scale, activation, alpha, limit):
+    check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
+    n, m = w.shape[2], rows.shape[0]
+    return x.new_empty(m, _h_width(activation, n)), x.new_empty(m, n)
+
+
+def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias, scale, activation, alpha, limit):
+    check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit)
+    return grouped_mm_act_gathered_ref(x, rows, w, offs, bias, scale, activation, alpha, limit)
+
+
+def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
+                             alpha, limit):
+    check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
+    m = dy.shape[0]
+    return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
+            dy.new_empty(m if prob_grad else 0, dtype=torch.float32))
+
+
+def _cpu_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
+                            alpha, limit):
+    check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
+    return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                  activation, alpha, limit)
+
+
+def _fake_grouped_mm_swiglu(x, w, offs, bias, alpha, limit):
+    check_grouped_mm_swiglu_args(x, w, offs, bias, alpha, limit)
+    m, two_i = x.shape[0], w.shape[2]
+    return x.new_empty(m, two_i // 2), x.new_empty(m, two_i)
+
+
+def _cpu_grouped_mm_swiglu(x, w, offs, bias, alpha, limit):
+    check_grouped_mm_swiglu_args(x, w, offs, bias, alpha, limit)
+    return grouped_mm_swiglu_ref(x, w, offs, bias, alpha, limit)
+
+
+def _fake_grouped_mm_swiglu_bwd(dy, w, offs, pre, alpha, limit):
+    check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit)
+    m, inter = dy.shape[0], w.shape[2]
+    return pre.new_empty(m, 2 * inter), pre.new_empty(m, inter)
+
+
+def _cpu_grouped_mm_swiglu_bwd(dy, w, offs, pre, alpha, limit):
+    check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit)
+    return grouped_mm_swiglu_bwd_ref(dy, w, offs, pre, alpha, limit)
+
+
+def _register() -> None:
+    for name, fake, cpu in (
+            ("grouped_mm_act", _fake_grouped_mm_act, _cpu_grouped_mm_act),
+            ("grouped_mm_act_gathered", _fake_grouped_mm_act_gathered,
+             _cpu_grouped_mm_act_gathered),
+            ("grouped_mm_act_bwd", _fake_grouped_mm_act_bwd, _cpu_grouped_mm_act_bwd),
+            ("grouped_mm_swiglu", _fake_grouped_mm_swiglu, _cpu_grouped_mm_swiglu),
+            ("grouped_mm_swiglu_bwd", _fake_grouped_mm_swiglu_bwd, _cpu_grouped_mm_swiglu_bwd)):
+        register_kernels(name, fake, cpu)
+
+
+if _library.library_loaded():
+    _register()
