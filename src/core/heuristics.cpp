@@ -67,18 +67,20 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // The fused activation backward's epilogue (dact, two outputs, the row-scale-gradient
   // sums) is the heaviest: fewer, larger tiles won 3-4% at both the GPT-OSS and the
   // Qwen3 shapes (docs/perf-notes.md, "activation family").
-  const bool act_backward = p.variant == KernelVariant::ActBwd_BRow || p.variant == KernelVariant::ActBwd_BCol;
+  const TileRole rule = short_reduction && !is_act_backward(p.variant) ? TileRole::Narrow : TileRole::Wide;
+  auto first_with_role = [&](TileRole role) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (serves(candidates[i], p) && candidates[i].role == role) return static_cast<int>(i);
+    }
+    return -1;
+  };
 
   LaunchChoice choice;
-  const TileConfig want = short_reduction && !act_backward ? TileConfig{p.variant, 128, 128, 64, 2, 1, Schedule::Pingpong}
-                                          : TileConfig{p.variant, 128, 256, 64, 2, 1, Schedule::Cooperative};
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const TileConfig& c = candidates[i];
-    if (serves(c, p) && c.tile_m == want.tile_m && c.tile_n == want.tile_n && c.tile_k == want.tile_k &&
-        c.cluster_m == want.cluster_m && c.cluster_n == want.cluster_n && c.schedule == want.schedule) {
-      choice.index = static_cast<int>(i);
-    }
-  }
+  // The fused activation kernels run their "mid" tile (128x192) where it is compiled: 5-40%
+  // faster than the rule's tile at GPT-OSS-20B and Qwen3-30B-A3B, forward and backward
+  // (docs/perf-notes.md, "Issue 10").
+  if (p.act != Act::Unfused) choice.index = first_with_role(TileRole::Mid);
+  if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);

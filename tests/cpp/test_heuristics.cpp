@@ -90,12 +90,37 @@ TEST(ChooseLaunch, TinyGroupsGetTheCostModelsSmallTiles) {
   EXPECT_EQ(c.index, 2);
 }
 
-// The rules name roles, not tile literals: a retuned "narrow" tile is still the one chosen.
+// The rules name roles, not tile literals: a retuned "narrow" tile is still the one chosen
+// (the cost model alone would take the cooperative one here).
 TEST(ChooseLaunch, PicksTheWantedRoleWhateverItsTile) {
   TileConfig narrow = kPong;
-  narrow.tile_n = 192;
-  LaunchChoice c = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, narrow}, 132);
-  EXPECT_EQ(c.index, 1);
+  narrow.tile_n = 96;
+  const GroupedProblem down{KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32};
+  ASSERT_EQ(choose_tile_config(down, {kCoop, narrow}, 132), 0);
+  EXPECT_EQ(choose_launch(down, {kCoop, narrow}, 132).index, 1);
+}
+
+// The fused activation kernels take their "mid" tile where compiled, the plain ones never.
+TEST(ChooseLaunch, ActivationKernelsTakeTheirMidTile) {
+  std::vector<TileConfig> candidates;
+  for (KernelVariant v : {KernelVariant::RaggedM_BRow, KernelVariant::ActFwd_BRow, KernelVariant::ActBwd_BCol}) {
+    for (TileConfig c : {kCoop, kPong}) {
+      c.variant = v;
+      c.act = v == KernelVariant::RaggedM_BRow ? Act::Unfused : Act::Swiglu;
+      candidates.push_back(c);
+    }
+    TileConfig mid{v, 128, 192, 64, 2, 1, Schedule::Pingpong, candidates.back().act, TileRole::Mid};
+    candidates.push_back(mid);
+  }
+  auto chosen = [&](KernelVariant v, Act act) {
+    const LaunchChoice c = choose_launch({v, 98304, 2880, 2880, 32, act}, candidates, 132);
+    return candidates[c.index];
+  };
+  EXPECT_EQ(chosen(KernelVariant::ActFwd_BRow, Act::Swiglu).role, TileRole::Mid);
+  EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Mid);
+  EXPECT_EQ(chosen(KernelVariant::RaggedM_BRow, Act::Unfused).role, TileRole::Narrow);
+  candidates.pop_back();  // no mid tile for the backward: the rule's wide one
+  EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Wide);
 }
 
 TEST(ChooseLaunch, OnlyKernelsOfTheDevicesArchServe) {
