@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+# Tile-configuration sweep of the six GEMM roles of an expert block (the fused up projection
+# + activation, the down projection, the fused down dgrad + activation backward, the up
+# dgrad and both weight gradients), on the inputs of bench_peer_quack.py: each role timed
+# with the heuristic's choice and with every compiled configuration of its kernel (forced
+# per call through CUTE_MOE_CONFIG, which the torch ops read on every call). Progress on
+# stderr, the table on stdout.
+#
+#   python bench/bench_roles.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--routing balanced]
+#       [--reps 30] [--configs NAME,...] [--json out.json]
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from bench_peer_quack import ROLES, SHAPES, make_case, role_fns
+from common import fmt, import_cute_moe, print_columns, run_meta, time_ms, write_json
+
+# the kernel-table call each role runs (torch.ops.cute_moe.kernel_table rows: call:act:config)
+ROLE_CALL = {"up_fprop_act": "act_forward", "down_fprop": "ragged_m", "down_dgrad_act": "act_backward_bcol",
+             "up_dgrad": "ragged_m_bcol", "up_wgrad": "ragged_k_bf16", "down_wgrad": "ragged_k_bf16"}
+
+
+def compiled(call: str, act: str) -> list[str]:
+    rows = (r.split(":") for r in torch.ops.cute_moe.kernel_table())
+    return [cfg for c, a, cfg in rows if c == call and a in ("", act)]
+
+
+def forced(fn, config: str | None):
+    def run():
+        if config is None:
+            os.environ.pop("CUTE_MOE_CONFIG", None)
+        else:
+            os.environ["CUTE_MOE_CONFIG"] = config
+        try:
+            return fn()
+        finally:
+            os.environ.pop("CUTE_MOE_CONFIG", None)
+    return run
+
+
+def bench(shape: str, routing: str, args) -> list[dict]:
+    s = SHAPES[shape]
+    m, h, i = s["tokens"] * s["topk"], s["hidden"], s["inter"]
+    sizes, t, offs, cu, onehot, dy = make_case(s, routing, args.seed)
+    rows = []
+    for role, (ours, _) in role_fns(t, offs, cu, onehot, dy, s["act"], False).items():
+        k_dim, n_dim = {"up": (h, 2 * i), "down": (i, h)}[role.split("_")[0]]
+        flops = 2 * m * k_dim * n_dim
+        configs = [None] + [c for c in compiled(ROLE_CALL[role], s["act"])
+                            if not args.configs or c in args.configs]
+        for config in configs:
+            ms = time_ms(forced(ours, config), args.reps, args.warmup)
+            rows.append(dict(shape=shape, routing=routing, role=role, config=config or "heuristic",
+                             ms=ms, tflops=flops / ms / 1e9))
+            print(f"[{shape}/{routing}] {role} {config or 'heuristic'}: {ms:.3f} ms", file=sys.stderr,
+                  flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="tile-config sweep of the expert block's GEMM roles")
+    ap.add_argument("--shapes", default="gpt-oss-20b,qwen3-30b-a3b")
+    ap.add_argument("--routing", default="balanced")
+    ap.add_argument("--configs", default="", help="only these forced configs (comma-separated)")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    if not torch.cuda.is_available():
+        print("bench_roles: needs an SM90 GPU", file=sys.stderr)
+        return 2
+    import_cute_moe()
+    rows = []
+    for shape in args.shapes.split(","):
+        for routing in args.routing.split(","):
+            rows += bench(shape, routing, args)
+    best = {}
+    for r in rows:
+        key = (r["shape"], r["routing"], r["role"])
+        best[key] = min(best.get(key, float("inf")), r["ms"])
+    lines = [("shape", "routing", "role", "config", "ms", "TF/s", "vs best")]
+    for r in rows:
+        lines.append((r["shape"], r["routing"], r["role"], r["config"], fmt(r["ms"], ".3f"),
+                      fmt(r["tflops"], ".0f"), fmt(r["ms"] / best[(r["shape"], r["routing"], r["role"])], ".3f")))
+    print_columns(lines, left=4)
+    if args.json:
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, roles=list(ROLES)), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
