@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Peer benchmark (issue 10): cute_moe against QuACK (quack-kernels==0.6.5, Dao-AILab's CuTe-DSL
+# Peer benchmark: cute_moe against QuACK (quack-kernels==0.6.5, Dao-AILab's CuTe-DSL
 # kernels; optional: requirements-peer.txt, docs/peers.md) on the same seeded inputs in the
 # same run. Per shape x routing: the expert block forward and backward (ours: expert_ffn;
 # QuACK: its public varlen kernels composed as a user would, gemm_gated + gemm forward,

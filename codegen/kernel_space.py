@@ -117,7 +117,7 @@ _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
 # Per (arch, variant), the compiled tiles by role, in dispatch-table order (the cost
 # model keeps the earlier of two equally cheap rows). The 128x192 "mid" tiles: 5-40% faster
 # than 128x256 / 128x128 for the fused activation kernels at GPT-OSS-20B and Qwen3-30B-A3B
-# (docs/perf-notes.md, "Issue 10"); the plain ragged-M GEMMs have them for the sweep tools.
+# (docs/perf-notes.md, "128x192 tiles"); the plain ragged-M GEMMs have them for the sweep tools.
 TILES = {
     ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},

@@ -78,7 +78,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   LaunchChoice choice;
   // The fused activation kernels run their "mid" tile (128x192) where it is compiled: 5-40%
   // faster than the rule's tile at GPT-OSS-20B and Qwen3-30B-A3B, forward and backward
-  // (docs/perf-notes.md, "Issue 10").
+  // (docs/perf-notes.md, "128x192 tiles").
   if (p.act != Act::Unfused) choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
