@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .reference.groups import offsets_from_counts
 
-__all__ = ["ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
+__all__ = ["assert_empty_batch", "ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
            "group_sizes", "Problem", "random_problem", "ExpertFFN", "random_expert_ffn"]
 
 # Largest accepted ||out - ref|| / ||ref|| against an fp32 (or finer) ground truth,
@@ -223,3 +223,18 @@ class OpLog(TorchDispatchMode):
         if func.namespace == "cute_moe":
             self.calls.append(func.__name__.split(".")[0])
         return func(*args, **(kwargs or {}))
+
+
+def assert_empty_batch(moe: torch.nn.Module, shapes, dtype: torch.dtype, device=None) -> None:
+    """An MoE layer on empty batches of each shape (0 tokens): an output of that shape and
+    dtype, and exact zero gradients for every parameter."""
+    for shape in shapes:
+        x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+        out = moe(x)
+        assert out.shape == shape and out.dtype == dtype
+        out.sum().backward()
+        assert x.grad.shape == shape
+        for n, p in moe.named_parameters():
+            assert p.grad is not None and p.grad.shape == p.shape, n
+            assert torch.count_nonzero(p.grad) == 0, n
+        moe.zero_grad(set_to_none=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import reference as ref
+from cute_moe import reference as ref, testing
 from cute_moe.nn import MoE
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
@@ -26,16 +26,7 @@ def test_moe_on_zero_tokens(name, kw, dtype, fuse_gather):
     """An empty micro-batch: a (0, H) output and exact zero gradients for every parameter."""
     torch.manual_seed(0)
     moe = MoE(32, 16, 6, 2, dtype=dtype, fuse_gather=fuse_gather, **kw)
-    for shape in [(0, 32), (2, 0, 32)]:
-        x = torch.randn(*shape, dtype=dtype, requires_grad=True)
-        out = moe(x)
-        assert out.shape == shape and out.dtype == dtype
-        out.sum().backward()
-        assert x.grad.shape == shape
-        for n, p in moe.named_parameters():
-            assert p.grad is not None and p.grad.shape == p.shape, n
-            assert torch.count_nonzero(p.grad) == 0, n
-        moe.zero_grad(set_to_none=True)
+    testing.assert_empty_batch(moe, [(0, 32), (2, 0, 32)], dtype)
 
 
 @pytest.mark.parametrize("activation", tuple(ref.ACTIVATIONS))
