@@ -7,7 +7,11 @@
 # stderr, the table on stdout.
 #
 #   python bench/bench_roles.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--routing balanced]
-#       [--reps 30] [--configs NAME,...] [--json out.json]
+#       [--reps 30] [--roles up_fprop_act,...] [--configs NAME,...] [--orders auto,m1,n2]
+#       [--json out.json]
+# --orders: each forced config also under these tile orders (raster m/n + swizzle 1/2/4/8,
+# through CUTE_MOE_RASTER / CUTE_MOE_SWIZZLE; "auto" is the heuristic's order for the
+# heuristic's config and CUTLASS's default, along M with swizzle 1, for a forced one).
 from __future__ import annotations
 
 import argparse
@@ -29,16 +33,23 @@ def compiled(call: str, act: str) -> list[str]:
     return [cfg for c, a, cfg in rows if c == call and a in ("", act)]
 
 
-def forced(fn, config: str | None):
+ENV = ("CUTE_MOE_CONFIG", "CUTE_MOE_RASTER", "CUTE_MOE_SWIZZLE")
+
+
+def forced(fn, config: str | None, order: str = "auto"):
+    values = (config, None if order == "auto" else order[0], None if order == "auto" else order[1:])
+
     def run():
-        if config is None:
-            os.environ.pop("CUTE_MOE_CONFIG", None)
-        else:
-            os.environ["CUTE_MOE_CONFIG"] = config
+        for name, value in zip(ENV, values):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         try:
             return fn()
         finally:
-            os.environ.pop("CUTE_MOE_CONFIG", None)
+            for name in ENV:
+                os.environ.pop(name, None)
     return run
 
 
@@ -48,16 +59,19 @@ def bench(shape: str, routing: str, args) -> list[dict]:
     sizes, t, offs, cu, onehot, dy = make_case(s, routing, args.seed)
     rows = []
     for role, (ours, _) in role_fns(t, offs, cu, onehot, dy, s["act"], False).items():
+        if args.roles and role not in args.roles:
+            continue
         k_dim, n_dim = {"up": (h, 2 * i), "down": (i, h)}[role.split("_")[0]]
         flops = 2 * m * k_dim * n_dim
         configs = [None] + [c for c in compiled(ROLE_CALL[role], s["act"])
                             if not args.configs or c in args.configs]
         for config in configs:
-            ms = time_ms(forced(ours, config), args.reps, args.warmup)
-            rows.append(dict(shape=shape, routing=routing, role=role, config=config or "heuristic",
-                             ms=ms, tflops=flops / ms / 1e9))
-            print(f"[{shape}/{routing}] {role} {config or 'heuristic'}: {ms:.3f} ms", file=sys.stderr,
-                  flush=True)
+            for order in (["auto"] if config is None else args.orders):
+                ms = time_ms(forced(ours, config, order), args.reps, args.warmup)
+                name = (config or "heuristic") + ("" if order == "auto" else f" {order}")
+                rows.append(dict(shape=shape, routing=routing, role=role, config=name,
+                                 ms=ms, tflops=flops / ms / 1e9))
+                print(f"[{shape}/{routing}] {role} {name}: {ms:.3f} ms", file=sys.stderr, flush=True)
     return rows
 
 
@@ -66,12 +80,19 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="gpt-oss-20b,qwen3-30b-a3b")
     ap.add_argument("--routing", default="balanced")
     ap.add_argument("--configs", default="", help="only these forced configs (comma-separated)")
+    ap.add_argument("--roles", default="", help="only these roles (comma-separated)")
+    ap.add_argument("--orders", default="auto", help="tile orders of the forced configs, e.g. auto,m1,n2")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
+    args.roles = [r for r in args.roles.split(",") if r]
+    args.orders = [o for o in args.orders.split(",") if o]
+    bad = [o for o in args.orders if o != "auto" and (o[:1] not in ("m", "n") or o[1:] not in ("1", "2", "4", "8"))]
+    if bad:
+        ap.error(f"--orders: expected auto or m/n followed by 1, 2, 4 or 8, got {bad}")
     if not torch.cuda.is_available():
         print("bench_roles: needs an SM90 GPU", file=sys.stderr)
         return 2

@@ -121,7 +121,7 @@ _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
 TILES = {
     ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
-    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW},
+    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},

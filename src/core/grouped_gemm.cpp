@@ -202,6 +202,19 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.raster_along_n = plan.raster_along_n;
   ctx.swizzle = plan.swizzle;
   ctx.act = p.act_params;
+  if (p.gather_rows == nullptr) {  // every TMA-loaded variant reads its operands whole
+    detail::WholeOperands& w = ctx.whole;
+    w.a = p.a.ptr;
+    w.a_rows = p.m;
+    w.lda = p.a.ld;
+    w.b = p.b.ptr;
+    w.ldb = p.b.ld;
+    w.b_batch = p.b_group_stride;
+    w.groups = p.num_groups;
+    w.n = p.n;
+    w.k = p.k;
+    w.offs = p.offs;
+  }
   return plan.kernel->launch(groups, ctx);
 }
 

@@ -76,17 +76,26 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   };
 
   LaunchChoice choice;
-  // The fused activation kernels run their "mid" tile (128x192) where it is compiled: 5-40%
-  // faster than the rule's tile at GPT-OSS-20B and Qwen3-30B-A3B, forward and backward
-  // (docs/perf-notes.md, "128x192 tiles").
-  if (p.act != Act::Unfused) choice.index = first_with_role(TileRole::Mid);
+  // The fused kernels, and the plain ragged-M GEMMs with a short reduction, run their "mid"
+  // tile (128x192) where compiled: 5-40% faster than the rule's tile for the fused kernels,
+  // 12-28% for the plain GEMMs at GPT-OSS-20B and Qwen3-30B-A3B; a long reduction (the
+  // GPT-OSS up dgrad, k = 5760) keeps the wide tile, 3-7% faster there (docs/perf-notes.md,
+  // "128x192 tiles" and session 6).
+  if (p.act != Act::Unfused || (ragged_m && short_reduction)) choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
   if (choice.index < 0) return choice;  // nothing compiled serves p
-  const bool pingpong = candidates[choice.index].schedule == Schedule::Pingpong;
-  if (ragged_m && (pingpong || rows_per_group >= p.n)) {
+  const TileConfig& chosen = candidates[choice.index];
+  const bool pingpong = chosen.schedule == Schedule::Pingpong;
+  if (ragged_m && p.act == Act::Unfused && chosen.role == TileRole::Mid) {
+    // Plain GEMMs on the 128x192 tile: along m. Swizzle 2 only for deep groups: the
+    // scheduler pads each group's tile grid to whole swizzle strips, which costs groups of
+    // a few tiles (Qwen3: 8 row tiles per expert) up to 12% and deep ones nothing.
+    choice.raster_along_n = false;
+    choice.swizzle = rows_per_group >= 2048 ? 2 : 1;
+  } else if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;
     choice.swizzle = pingpong ? 2 : 1;
   } else if (!ragged_m && !short_reduction) {

@@ -52,6 +52,24 @@ struct GroupArrays {
   const int32_t** gather_rows = nullptr;
 };
 
+// What the host knows about the whole operands of a problem with TMA-loaded operands
+// (sm90/fixed_tma_mainloop.cuh loads through two fixed descriptors made from these instead
+// of rewriting per-group descriptors). Ragged M: every group's A rows are rows of one
+// (a_rows, k) matrix, every group's B one matrix of a stack, b_batch elements apart.
+// Ragged K: A = x (a_rows, k) and B = dy (a_rows, n), each group a range of their rows.
+struct WholeOperands {
+  const void* a = nullptr;  // rows lda elements apart
+  int64_t a_rows = 0;
+  int64_t lda = 0;
+  const void* b = nullptr;  // leading dimension ldb
+  int64_t ldb = 0;
+  int64_t b_batch = 0;      // ragged M only
+  int32_t groups = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  const int32_t* offs = nullptr;  // device: cumulative end rows per group
+};
+
 struct LaunchContext {
   int device = 0;
   int sm_count = 0;
@@ -61,6 +79,7 @@ struct LaunchContext {
   bool raster_along_n = false;  // tile order of the persistent scheduler
   int swizzle = 1;              // 1, 2, 4 or 8
   ActParams act;                // activation epilogues only
+  WholeOperands whole;          // variants whose operands TMA loads (not the gathered A)
 };
 
 // Defined per arch (sm90/kernel_instance.cuh) and instantiated by the generated units.

@@ -100,8 +100,9 @@ TEST(ChooseLaunch, PicksTheWantedRoleWhateverItsTile) {
   EXPECT_EQ(choose_launch(down, {kCoop, narrow}, 132).index, 1);
 }
 
-// The fused activation kernels take their "mid" tile where compiled, the plain ones never.
-TEST(ChooseLaunch, ActivationKernelsTakeTheirMidTile) {
+// The fused kernels, and plain ragged-M GEMMs with a short reduction, take their "mid"
+// tile where compiled; long reductions and ragged K keep their rules.
+TEST(ChooseLaunch, RaggedMKernelsTakeTheirMidTile) {
   std::vector<TileConfig> candidates;
   for (KernelVariant v : {KernelVariant::RaggedM_BRow, KernelVariant::ActFwd_BRow, KernelVariant::ActBwd_BCol}) {
     for (TileConfig c : {kCoop, kPong}) {
@@ -118,9 +119,26 @@ TEST(ChooseLaunch, ActivationKernelsTakeTheirMidTile) {
   };
   EXPECT_EQ(chosen(KernelVariant::ActFwd_BRow, Act::Swiglu).role, TileRole::Mid);
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Mid);
-  EXPECT_EQ(chosen(KernelVariant::RaggedM_BRow, Act::Unfused).role, TileRole::Narrow);
+  EXPECT_EQ(chosen(KernelVariant::RaggedM_BRow, Act::Unfused).role, TileRole::Mid);
+  // the GPT-OSS up dgrad: k = 5760
+  const LaunchChoice up_dgrad = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 5760, 32}, candidates, 132);
+  EXPECT_EQ(candidates[up_dgrad.index].role, TileRole::Wide);
   candidates.pop_back();  // no mid tile for the backward: the rule's wide one
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Wide);
+}
+
+// Plain GEMMs on the mid tile walk along m; swizzle 2 only for deep groups, whose padding
+// to whole swizzle strips costs nothing.
+TEST(ChooseLaunch, PlainMidTileOrder) {
+  const TileConfig mid{KernelVariant::RaggedM_BRow, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  const LaunchChoice gpt = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, kPong, mid}, 132);
+  EXPECT_EQ(gpt.index, 2);
+  EXPECT_FALSE(gpt.raster_along_n);
+  EXPECT_EQ(gpt.swizzle, 2);  // 3072 rows per expert
+  const LaunchChoice qwen = choose_launch({KernelVariant::RaggedM_BRow, 131072, 2048, 768, 128}, {kCoop, kPong, mid}, 132);
+  EXPECT_EQ(qwen.index, 2);
+  EXPECT_FALSE(qwen.raster_along_n);
+  EXPECT_EQ(qwen.swizzle, 1);  // 1024 rows per expert
 }
 
 TEST(ChooseLaunch, OnlyKernelsOfTheDevicesArchServe) {

@@ -43,12 +43,12 @@ template <Act A>
 using ActBwdOut = std::conditional_t<ActFunctor<A>::type::kGated, uint32_t, bf16>;  // dpre's D element
 
 template <Act A> struct VariantTraits<KernelVariant::ActFwd_BRow, A>
-    : Traits<RowMajor, RowMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>> {};
+    : Traits<RowMajor, RowMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActFwd_BCol, A>
-    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>> {};
+    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BRow, A>
-    : Traits<RowMajor, RowMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>> {};
+    : Traits<RowMajor, RowMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BCol, A>
-    : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>> {};
+    : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 
 }  // namespace cute_moe::detail

@@ -13,7 +13,7 @@ struct GatherAMainloopOf {
   template <class Built>
   using type = GatherAMainloop<Built>;
   template <class Args>
-  static void set_arguments(Args& args, const GroupArrays& g) {
+  static void set_arguments(Args& args, const GroupArrays& g, const LaunchContext&) {
     args.gather_rows = g.gather_rows;
   }
 };

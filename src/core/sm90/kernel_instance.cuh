@@ -6,9 +6,10 @@
 //
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
-//                    (one warp), updating the TMA descriptors when the group changes
-//                    (gathered variants: A rows by cp.async in a second warp,
-//                    gather_mainloop.cuh)
+//                    (one warp). Ragged M: two fixed descriptors over the whole operands
+//                    (fixed_tma_mainloop.cuh); ragged K: CUTLASS's per-group descriptors,
+//                    rewritten when the group changes; gathered variants: A rows by
+//                    cp.async in a second warp (gather_mainloop.cuh)
 //   warpgroups 1..2  consumers: WGMMA on the smem tiles, then the epilogue
 //                    (Cooperative: both work on one tile; Pingpong: alternate tiles)
 //   scheduler        PersistentTileSchedulerSm90Group: walks the groups' tiles reading
@@ -32,6 +33,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "epilogue_nodes.cuh"
+#include "fixed_tma_mainloop.cuh"
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
@@ -90,7 +92,17 @@ struct BuiltMainloop {
   template <class Built>
   using type = Built;
   template <class Args>
-  static void set_arguments(Args&, const GroupArrays&) {}
+  static void set_arguments(Args&, const GroupArrays&, const LaunchContext&) {}
+};
+// A and B each one whole tensor: fixed descriptors, no per-group rewrites.
+template <bool kRaggedK>
+struct FixedTmaMainloopOf {
+  template <class Built>
+  using type = FixedTmaMainloop<Built, kRaggedK>;
+  template <class Args>
+  static void set_arguments(Args& args, const GroupArrays&, const LaunchContext& ctx) {
+    args.whole = ctx.whole;
+  }
 };
 
 // --- Variants: operand layouts, output type, epilogue and mainloop of each variant.
@@ -109,12 +121,12 @@ using bf16 = cutlass::bfloat16_t;
 template <KernelVariant V, Act A>
 struct VariantTraits;
 // ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
-template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::Unfused> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::Unfused> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::Unfused> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue, FixedTmaMainloopOf<false>> {};
+template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::Unfused> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, FixedTmaMainloopOf<false>> {};
 // (activation variants: act_variants.cuh, included by their translation units only)
 // ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
-template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue> {};
-template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct GroupedGemmTypes {
@@ -177,7 +189,7 @@ struct GroupedGemmTypes {
     mainloop.dA = reinterpret_cast<StrideA*>(g.lda);
     mainloop.ptr_B = reinterpret_cast<const ElementAB**>(g.b);
     mainloop.dB = reinterpret_cast<StrideB*>(g.ldb);
-    Traits::Mainloop::set_arguments(mainloop, g);
+    Traits::Mainloop::set_arguments(mainloop, g, ctx);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {g.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes),
