@@ -11,7 +11,9 @@
 # line and times our side alone. Progress on stderr, tables on stdout.
 #
 #   python bench/bench_peer_quack.py [--shapes gpt-oss-20b,qwen3-30b-a3b,seed-example]
-#       [--routing balanced,skewed] [--reps 20] [--tuned] [--json out.json]
+#       [--routing balanced,skewed] [--reps 20] [--rounds 3] [--tuned] [--json out.json]
+# Every timing is the median of --rounds measurements with the two sides taking turns, after
+# both have compiled (see interleaved()).
 from __future__ import annotations
 
 import argparse
@@ -141,23 +143,38 @@ def reference(t: dict, offs, dy, act: str):
     return out, g, clamped
 
 
-def bench_block(block, leaves: dict, dy, ref, reps: int, warmup: int) -> dict:
+def interleaved(timers: dict, rounds: int) -> dict:
+    """{name: median over `rounds` of timer()}, the sides taking turns (the first one
+    alternating). An H100 at its power limit runs slower the longer it has been busy: a
+    side timed right after an idle spell (QuACK's first call JIT-compiles for seconds)
+    would gain the boost clocks; taking turns gives both sides the same conditions."""
+    names = list(timers)
+    runs = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            runs[n].append(timers[n]())
+    return {n: sorted(v)[len(v) // 2] for n, v in runs.items()}
+
+
+def prepare_block(block, leaves: dict, dy, ref) -> dict:
+    """Compiles (QuACK JIT-compiles, and with --tuned autotunes, on the first call) and
+    checks one implementation of the block; its errors, peak memory and timers."""
     def backward(out):
         return torch.autograd.grad(out, list(leaves.values()), dy)
 
-    out = block()  # the first call JIT-compiles (and with --tuned autotunes) QuACK's kernels
+    out = block()
     err = {"out": rel_error(out, ref[0])}
     err.update({f"d{k}": rel_error(g, ref[1][k]) for k, g in zip(leaves, backward(out))})
     del out
-    res = dict(fwd_ms=time_ms(block, reps, warmup),
-               bwd_ms=backward_ms(block, backward, reps, warmup),
-               peak_bytes=peak_bytes(lambda: backward(block()), True), err=err)
+    res = dict(peak_bytes=peak_bytes(lambda: backward(block()), True), err=err)
     torch.cuda.synchronize()  # wall clock, to check that the kernels ran on the timed stream
     t0 = time.perf_counter()
     for _ in range(3):
         block()
     torch.cuda.synchronize()
-    return res | dict(fwd_wall_ms=(time.perf_counter() - t0) * 1e3 / 3)
+    res["fwd_wall_ms"] = (time.perf_counter() - t0) * 1e3 / 3
+    return res, (lambda reps, warmup: time_ms(block, reps, warmup),
+                 lambda reps, warmup: backward_ms(block, backward, reps, warmup))
 
 
 def role_fns(t: dict, offs, cu, onehot, dy, act: str, tuned: bool) -> dict:
@@ -222,18 +239,25 @@ def bench_case(shape: str, routing: str, args) -> list[dict]:
                                                  t["b_down"], activation=act, swiglu_alpha=ALPHA),
              "quack": lambda: QuackBlock.apply(t["x"], t["w_up"], t["b_up"], t["w_down"],
                                                t["b_down"], cu, onehot, act, args.tuned)}
+    results, fwd_timers, bwd_timers = {}, {}, {}
     for name, fn in impls.items():
-        res = {}
+        results[name] = {}
         try:
             if name == "ours" or Q is not None:
-                res = bench_block(fn, leaves, dy, ref, args.reps, args.warmup)
+                results[name], (fwd_timers[name], bwd_timers[name]) = prepare_block(fn, leaves, dy, ref)
         except Exception as exc:  # noqa: BLE001 (a peer failure is reported on its row)
             if name == "ours":
                 raise
             block["quack_error"] = _why(exc)
+        torch.cuda.empty_cache()
+    for what, timers in (("fwd_ms", fwd_timers), ("bwd_ms", bwd_timers)):
+        medians = interleaved({n: (lambda t=t: t(args.reps, args.warmup)) for n, t in timers.items()},
+                              args.rounds)
+        for name in medians:
+            results[name][what] = medians[name]
+    for name, res in results.items():
         for k in ("fwd_ms", "bwd_ms", "peak_bytes", "err", "fwd_wall_ms"):
             block[f"{name}_{k}"] = res.get(k)
-        torch.cuda.empty_cache()
     del ref
     rows = [block]
     for role, (f_ours, f_theirs) in role_fns(t, offs, cu, onehot, dy, act, args.tuned).items():
@@ -241,14 +265,16 @@ def bench_case(shape: str, routing: str, args) -> list[dict]:
         row = dict(base, kind="role", role=role, flops=2 * m * k_dim * n_dim, quack_error=None,
                    caveats=caveats(act, biased, args.tuned, role), quack_ms=None, diff=None)
         out = f_ours()
-        row["ours_ms"] = time_ms(f_ours, args.reps, args.warmup)
+        timers = {"ours": lambda: time_ms(f_ours, args.reps, args.warmup)}
         if Q is not None:
             try:
-                row["diff"] = rel_error(f_theirs(), out)
-                row["quack_ms"] = time_ms(f_theirs, args.reps, args.warmup)
+                row["diff"] = rel_error(f_theirs(), out)  # also compiles QuACK's kernel
+                timers["quack"] = lambda: time_ms(f_theirs, args.reps, args.warmup)
             except Exception as exc:  # noqa: BLE001
                 row["quack_error"] = _why(exc)
         del out
+        for name, ms in interleaved(timers, args.rounds).items():
+            row[f"{name}_ms"] = ms
         rows.append(row)
         print(f"[{shape}/{routing}] {role}: ours {row['ours_ms']:.3f} ms, quack "
               f"{fmt(row['quack_ms'], '.3f')} ms", file=sys.stderr, flush=True)
@@ -315,6 +341,8 @@ def parse_args(argv=None):
         ap.add_argument(f"--{opt}", default=",".join(default),
                         help=f"comma-separated, from {', '.join(choices)}")
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions (median; >= 10)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timings per side, the sides taking turns; the median is reported")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--tuned", action="store_true",
                     help="QuACK autotunes each kernel on its first call (~22 configs: minutes)")
@@ -365,7 +393,7 @@ def main(argv=None) -> int:
     if args.json:
         peer = dict(name="quack", version=sys.modules["quack"].__version__ if Q else None,
                     skipped=why, tuned=args.tuned)
-        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, alpha=ALPHA,
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, rounds=args.rounds, alpha=ALPHA,
                                        limits=LIMITS, peer=peer,
                                        shapes={k: SHAPES[k] for k in args.shapes}), rows)
         print(f"wrote {args.json}", file=sys.stderr)

@@ -81,7 +81,9 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // 12-28% for the plain GEMMs at GPT-OSS-20B and Qwen3-30B-A3B; a long reduction (the
   // GPT-OSS up dgrad, k = 5760) keeps the wide tile, 3-7% faster there (docs/perf-notes.md,
   // "128x192 tiles" and session 6).
-  if (p.act != Act::Unfused || (ragged_m && short_reduction)) choice.index = first_with_role(TileRole::Mid);
+  // The weight gradients (ragged K) too: 9-23% over the rule's tile at Qwen3-30B-A3B and
+  // the GPT-OSS-20B down projection, within 3% of it at the GPT-OSS up projection.
+  if (p.act != Act::Unfused || !ragged_m || short_reduction) choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
@@ -89,7 +91,12 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   if (choice.index < 0) return choice;  // nothing compiled serves p
   const TileConfig& chosen = candidates[choice.index];
   const bool pingpong = chosen.schedule == Schedule::Pingpong;
-  if (ragged_m && p.act == Act::Unfused && chosen.role == TileRole::Mid) {
+  if (!ragged_m && chosen.role == TileRole::Mid) {
+    // Weight gradients on the 128x192 tile: along n, unswizzled (the best or within 2% of
+    // it of the six orders measured at both models).
+    choice.raster_along_n = true;
+    choice.swizzle = 1;
+  } else if (ragged_m && p.act == Act::Unfused && chosen.role == TileRole::Mid) {
     // Plain GEMMs on the 128x192 tile: along m. Swizzle 2 only for deep groups: the
     // scheduler pads each group's tile grid to whole swizzle strips, which costs groups of
     // a few tiles (Qwen3: 8 row tiles per expert) up to 12% and deep ones nothing.

@@ -57,9 +57,10 @@ struct LaunchChoice {
 // group >= n), and every pingpong launch (never slower so, faster under skew), walk tiles
 // along n, keeping the expert's weight in L2 while rows stream past. Falls back to the cost
 // model when the variant has no tile of the wanted role, and for tiny ragged-M groups
-// (<= 64 rows on average), where the "small" tile can win. The fused kernels, and the
-// plain ragged-M GEMMs with a short reduction, take their "mid" tile (128x192) first, where
-// compiled; plain GEMMs on it walk along m (swizzle 2 for groups of >= 2048 rows).
+// (<= 64 rows on average), where the "small" tile can win. The fused kernels, the weight
+// gradients and the plain ragged-M GEMMs with a short reduction take their "mid" tile
+// (128x192) first, where compiled; plain ragged-M GEMMs on it walk along m (swizzle 2 for
+// groups of >= 2048 rows), weight gradients along n.
 LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

@@ -127,6 +127,17 @@ TEST(ChooseLaunch, RaggedMKernelsTakeTheirMidTile) {
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Wide);
 }
 
+// Weight gradients take the mid tile where compiled, along n.
+TEST(ChooseLaunch, WeightGradientsTakeTheMidTileAlongN) {
+  TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  wide.variant = KernelVariant::RaggedK_OutBF16;
+  const LaunchChoice c = choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide, mid}, 132);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_TRUE(c.raster_along_n);
+  EXPECT_EQ(c.swizzle, 1);
+  EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide}, 132).index, 0);
+}
+
 // Plain GEMMs on the mid tile walk along m; swizzle 2 only for deep groups, whose padding
 // to whole swizzle strips costs nothing.
 TEST(ChooseLaunch, PlainMidTileOrder) {
