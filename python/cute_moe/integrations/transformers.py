@@ -36,7 +36,8 @@ from ..reference.moe import experts_ref
 __all__ = ["NAME", "UnsupportedExpertsError", "register", "prepare", "experts_forward"]
 
 NAME = "cute_moe"
-# What the error messages point to: transformers' own implementations serve every module.
+# What the error messages point to: transformers' own implementations serve every module
+# ("grouped_mm" on any GPU since SM80 in bf16, and on the CPU; "eager" in any dtype).
 FALLBACK = "grouped_mm"
 
 
@@ -154,11 +155,12 @@ def _make_plan(module: nn.Module) -> _Plan:
     return plan
 
 
-def _unsupported(module: nn.Module, why: str):
+def _unsupported(module: nn.Module, why: str, fallback: str = FALLBACK):
     raise UnsupportedExpertsError(
         f"experts_implementation={NAME!r}: {type(module).__name__}: {why}. Use "
-        f"experts_implementation={FALLBACK!r} (or 'eager') for this model, e.g. "
-        f"model.set_experts_implementation({FALLBACK!r})")
+        f"experts_implementation={fallback!r} for this model "
+        f"(model.set_experts_implementation({fallback!r}), or from_pretrained(..., "
+        f"experts_implementation={fallback!r}))")
 
 
 def _plan(module: nn.Module) -> _Plan:
@@ -211,9 +213,9 @@ def _uses_kernels(module: nn.Module, w: torch.Tensor) -> bool:
         if (props.major, props.minor) != (9, 0):
             _unsupported(module, f"its weights are on {props.name} (sm_{props.major}{props.minor}); "
                          "the cute_moe kernels run on SM90 GPUs (H100, H200)")
-        if w.dtype != torch.bfloat16:
+        if w.dtype != torch.bfloat16:  # (torch's grouped_mm takes bf16 only on CUDA, too)
             _unsupported(module, f"its weights are {w.dtype}; the cute_moe kernels take bfloat16 "
-                         "(load the model with dtype=torch.bfloat16)")
+                         "(load the model with dtype=torch.bfloat16)", fallback="eager")
         return True
     if dev.type == "cpu":
         return w.dtype == torch.bfloat16
