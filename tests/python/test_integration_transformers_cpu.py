@@ -9,7 +9,8 @@
 #   references under the same autograd: the code the GPU runs, minus the kernels): one
 #   experts module within bf16 rounding of fp32 "eager", the whole model as close to the
 #   fp32 model as transformers' own bf16 "grouped_mm", AdamW losses tracking it;
-# - with the op library: torch.compile(fullgraph=True) of the whole model.
+# - with the op library: torch.compile(fullgraph=True) of the whole model;
+# - examples/finetune_transformers_gpt_oss.py, a CPU smoke run.
 # The GPU twins are in test_integration_transformers_gpu.py.
 import copy
 import os
@@ -310,3 +311,25 @@ def test_compile_whole_model(arch):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         for name in want[2]:
             assert torch.equal(got[2][name], want[2][name]), name
+
+
+def test_finetune_example_cpu_smoke(tmp_path):
+    """examples/finetune_transformers_gpt_oss.py with --device cpu --tiny: both runs, the
+    CSV of their losses (equal at fp32 rounding), the PNG where matplotlib is installed."""
+    script = os.path.join(ROOT, "examples", "finetune_transformers_gpt_oss.py")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    run = subprocess.run([sys.executable, script, "--device", "cpu", "--tiny", "--steps", "4",
+                          "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                         check=True)
+    assert "cute_moe: final loss" in run.stdout and "grouped_mm: final loss" in run.stdout
+    with open(tmp_path / "losses.csv") as f:
+        rows = [line.strip().split(",") for line in f]
+    assert rows[0] == ["step", "loss_cute_moe", "loss_grouped_mm"] and len(rows) == 5
+    for _, ours, theirs in rows[1:]:
+        assert abs(float(ours) - float(theirs)) <= 1e-4 * abs(float(theirs))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in run.stdout
+    else:
+        assert (tmp_path / "loss_curve.png").stat().st_size > 0
