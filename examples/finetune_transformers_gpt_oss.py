@@ -217,10 +217,12 @@ def main(argv=None) -> int:
         print(f"{name:>10}: final loss {r['losses'][-1]:.4f}, median step {r['step_ms']:.1f} ms"
               f"{peak}")
     ours, theirs = runs["cute_moe"], runs["grouped_mm"]
+    gap = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"]))
     print(f"step time grouped_mm / cute_moe: {theirs['step_ms'] / ours['step_ms']:.2f}x; "
-          f"largest loss difference {max(abs(a - b) for a, b in zip(ours['losses'], theirs['losses'])):.4f}")
+          f"largest loss difference {gap:.4f}")
     os.makedirs(args.out, exist_ok=True)
-    csv_path, png_path = os.path.join(args.out, "losses.csv"), os.path.join(args.out, "loss_curve.png")
+    csv_path = os.path.join(args.out, "losses.csv")
+    png_path = os.path.join(args.out, "loss_curve.png")
     write_csv(csv_path, runs)
     title = (f"GPT-OSS arch., {args.layers} layers, {args.experts} experts top-{args.top_k}, "
              f"{tokens} tokens/step, {args.dtype}, {args.device}")

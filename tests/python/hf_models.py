@@ -17,15 +17,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig,
                           GptOssForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
-from transformers.integrations.moe import grouped_mm_experts_forward
 
 from cute_moe import testing
 
 __all__ = ["ARCHS", "ROUTES", "config", "model", "experts_modules", "inputs", "step",
            "record_routing", "pinned_routing", "experts_inputs", "eager_experts",
-           "experts_grads", "masked", "grouped_mm_experts_forward", "pinned_steps", "flat",
-           "assert_steps_close", "assert_model_within_noise", "noise_bar", "adamw_losses", "WeightCopies",
-           "BF16_TOL"]
+           "experts_grads", "masked", "pinned_steps", "flat",
+           "assert_steps_close", "assert_model_within_noise", "noise_bar", "adamw_losses",
+           "WeightCopies", "BF16_TOL"]
 
 transformers.logging.set_verbosity_error()
 
@@ -59,8 +58,9 @@ def config(arch: str, *, hidden: int = 32, inter: int = 16, experts: int = 4, to
         # the MLA attention needs its own head sizes (and a key per head); one shared
         # expert beside the routed ones
         common.pop("head_dim")
-        kw = dict(num_key_value_heads=heads, n_routed_experts=experts, moe_intermediate_size=inter, intermediate_size=2 * inter,
-                  first_k_dense_replace=0, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=None,
+        kw = dict(num_key_value_heads=heads, n_routed_experts=experts, moe_intermediate_size=inter,
+                  intermediate_size=2 * inter, first_k_dense_replace=0, n_shared_experts=1,
+                  kv_lora_rank=16, q_lora_rank=None,
                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=head_dim, n_group=1,
                   topk_group=1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         cls = DeepseekV3Config

@@ -211,8 +211,9 @@ def _uses_kernels(module: nn.Module, w: torch.Tensor) -> bool:
             _unsupported(module, f"the cute_moe op library is not loaded ({_library.load_error()})")
         props = torch.cuda.get_device_properties(dev)
         if (props.major, props.minor) != (9, 0):
-            _unsupported(module, f"its weights are on {props.name} (sm_{props.major}{props.minor}); "
-                         "the cute_moe kernels run on SM90 GPUs (H100, H200)")
+            _unsupported(module, f"its weights are on {props.name} "
+                         f"(sm_{props.major}{props.minor}); the cute_moe kernels run on SM90 GPUs "
+                         "(H100, H200)")
         if w.dtype != torch.bfloat16:  # (torch's grouped_mm takes bf16 only on CUDA, too)
             _unsupported(module, f"its weights are {w.dtype}; the cute_moe kernels take bfloat16 "
                          "(load the model with dtype=torch.bfloat16)", fallback="eager")
