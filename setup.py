@@ -39,7 +39,7 @@ setup(
     description="Fused MoE grouped-GEMM kernels for NVIDIA Hopper (SM90) training, with PyTorch ops",
     package_dir={"": "python"},
     packages=["cute_moe", "cute_moe.nn", "cute_moe.ops", "cute_moe.reference", "cute_moe.bench",
-              "cutlass_op", "cutlass_op.bf16_grouped_mm"],
+              "cute_moe.integrations", "cutlass_op", "cutlass_op.bf16_grouped_mm"],
     package_data={"cute_moe": ["lib/" + LIB_NAME]},
     python_requires=">=3.10",
     install_requires=["torch==2.11.0"],

@@ -38,8 +38,10 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_rel_close(out: torch.Tensor, ref: torch.Tensor, name: str,
-                     dtype: torch.dtype | None = None) -> None:
-    tol = tolerance(dtype or out.dtype)
+                     dtype: torch.dtype | None = None, tol: float | None = None) -> None:
+    """rel_error(out, ref) <= tol, by default the tolerance of dtype (out's dtype)."""
+    if tol is None:
+        tol = tolerance(dtype or out.dtype)
     err = rel_error(out, ref)
     if not err <= tol:  # also catches NaN
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.0e}")

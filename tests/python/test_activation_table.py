@@ -24,7 +24,8 @@ NAMES = tuple(ACTIVATIONS)
 WITH_ACTIVATION = [cute_moe.expert_ffn, cute_moe.grouped_mm_act_gathered, MoE, GroupedExperts,
                    ref.ReferenceMoE, ref.act_ref, ref.act_bwd_ref, ref.activation_ref,
                    ref.grouped_mm_act_ref, ref.grouped_mm_act_gathered_ref,
-                   ref.grouped_mm_act_bwd_ref, ref.expert_ffn_ref, ref.experts_ref]
+                   ref.grouped_mm_act_bwd_ref, ref.expert_ffn_ref, ref.experts_ref,
+                   ref.glu_halves_ref]
 # Those whose limit means "the activation's default" when not given.
 WITH_DEFAULT_LIMIT = [cute_moe.expert_ffn, cute_moe.grouped_mm_act_gathered, MoE, GroupedExperts,
                       ref.ReferenceMoE, loading.from_hf_gpt_oss,
@@ -93,6 +94,12 @@ def test_references_compute_every_activation(name):
     assert torch.equal(ref.activation_ref(pre, name, DEFAULT_ALPHA, limit), h)
     assert ref.act_bwd_ref(torch.ones_like(h), pre, name, DEFAULT_ALPHA, limit).shape == pre.shape
     check_activation(name, limit, "test")
+    if gated:  # the same pairs given as two tensors (the [gate | linear] halves' slices)
+        assert torch.equal(ref.glu_halves_ref(pre[..., 0::2], pre[..., 1::2], name,
+                                              DEFAULT_ALPHA, limit), h)
+    else:
+        with pytest.raises(ValueError, match="gated activation"):
+            ref.glu_halves_ref(pre, pre, name)
 
 
 def test_unknown_activations_are_rejected_everywhere():

@@ -6,7 +6,8 @@
 # which the kernels never do; that is acceptable here and only here.
 from ..activation_args import GATED_ACTIVATIONS, default_limit, up_width
 from ..activations import ACTIVATIONS
-from .activation import act_bwd_ref, act_ref, activation_ref, swiglu_oai_bwd_ref, swiglu_oai_ref
+from .activation import (act_bwd_ref, act_ref, activation_ref, glu_halves_ref, swiglu_oai_bwd_ref,
+                         swiglu_oai_ref)
 from .expert_ffn import expert_ffn_ref
 from .gemm import grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref, grouped_mm_wgrad_ref
 from .glu import (grouped_mm_act_bwd_ref, grouped_mm_act_gathered_ref, grouped_mm_act_ref,
@@ -25,7 +26,7 @@ __all__ = [
     "grouped_mm_ref", "grouped_mm_wgrad_ref", "grouped_bias_grad_ref", "grouped_mm_scaled_ref",
     # activations (the table is cute_moe/activations.py)
     "ACTIVATIONS", "GATED_ACTIVATIONS", "GATED", "default_limit", "up_width", "act_ref",
-    "act_bwd_ref", "activation_ref", "swiglu_oai_ref", "swiglu_oai_bwd_ref",
+    "act_bwd_ref", "activation_ref", "glu_halves_ref", "swiglu_oai_ref", "swiglu_oai_bwd_ref",
     # GEMM plus activation, and the expert block
     "grouped_mm_swiglu_ref", "grouped_mm_swiglu_bwd_ref", "grouped_mm_act_ref",
     "grouped_mm_act_gathered_ref", "grouped_mm_act_bwd_ref", "expert_ffn_ref",

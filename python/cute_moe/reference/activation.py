@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from ..activation_args import default_limit, is_gated
 from ..activations import ACTIVATIONS, DEFAULT_ACTIVATION, DEFAULT_ALPHA
 
-__all__ = ["act_ref", "act_bwd_ref", "activation_ref", "swiglu_oai_ref", "swiglu_oai_bwd_ref"]
+__all__ = ["act_ref", "act_bwd_ref", "activation_ref", "glu_halves_ref", "swiglu_oai_ref",
+           "swiglu_oai_bwd_ref"]
 
 
 def math_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -28,24 +29,33 @@ def _known(activation: str) -> None:
         raise ValueError(f"activation: expected one of {tuple(ACTIVATIONS)}, got {activation!r}")
 
 
-def _gate_linear(pre: torch.Tensor, limit: float | None):
-    a, b = pre[..., 0::2], pre[..., 1::2]
+def _clamped(a: torch.Tensor, b: torch.Tensor, limit: float | None):
+    """(g, u): the gate clamped from above, the linear input clamped both ways."""
     if limit is None:
         return a, b
     return a.clamp(max=limit), b.clamp(-limit, limit)
+
+
+def _gate_linear(pre: torch.Tensor, limit: float | None):
+    return _clamped(pre[..., 0::2], pre[..., 1::2], limit)
+
+
+def _glu(g: torch.Tensor, u: torch.Tensor, activation: str, alpha: float) -> torch.Tensor:
+    """A gated activation of its (clamped) gate and linear inputs."""
+    if activation == "swiglu_oai":
+        return g * torch.sigmoid(alpha * g) * (u + 1)
+    if activation == "swiglu":
+        return F.silu(g) * u
+    if activation == "geglu":
+        return F.gelu(g, approximate="tanh") * u
+    raise NotImplementedError(f"no reference of the gated activation {activation!r}")
 
 
 def _act(p: torch.Tensor, activation: str, alpha: float, limit: float | None) -> torch.Tensor:
     """act(p) computed in p's dtype."""
     _known(activation)
     if is_gated(activation):
-        g, u = _gate_linear(p, limit)
-        if activation == "swiglu_oai":
-            return g * torch.sigmoid(alpha * g) * (u + 1)
-        if activation == "swiglu":
-            return F.silu(g) * u
-        if activation == "geglu":
-            return F.gelu(g, approximate="tanh") * u
+        return _glu(*_gate_linear(p, limit), activation, alpha)
     elif activation == "srelu":
         return torch.relu(p) ** 2
     elif activation == "none":
@@ -68,6 +78,21 @@ def activation_ref(pre: torch.Tensor, activation: str = DEFAULT_ACTIVATION,
     """act_ref computed and returned in pre's own dtype, rounding after every step as an
     eager PyTorch layer does (the torchtitan-style reference/moe.py's activation)."""
     return _act(pre, activation, alpha, limit)
+
+
+def glu_halves_ref(gate: torch.Tensor, linear: torch.Tensor,
+                   activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
+                   limit: float | None = None) -> torch.Tensor:
+    """A gated activation given its gate and linear inputs as two tensors of one shape
+    (e.g. the [gate | linear] halves of a Llama/Qwen-layout pre-activation, as views):
+    act_ref of the interleaved pairs, in float32 (float64 if an input is).
+    Differentiable."""
+    _known(activation)
+    if not is_gated(activation):
+        raise ValueError(f"glu_halves_ref: activation: expected a gated activation, one of "
+                         f"{tuple(n for n in ACTIVATIONS if is_gated(n))}, got {activation!r}")
+    dtype = math_dtype(gate, linear)
+    return _glu(*_clamped(gate.to(dtype), linear.to(dtype), limit), activation, alpha)
 
 
 def act_bwd_ref(dh: torch.Tensor, pre: torch.Tensor, activation: str = DEFAULT_ACTIVATION,

@@ -1,0 +1,266 @@
+"""experts_implementation="cute_moe" for the MoE experts modules of HF transformers."""
+# transformers (5.x) runs every experts class decorated with @use_experts_implementation
+# (GPT-OSS, Qwen3-MoE, Mixtral, DeepSeek-V3, ...) through its ExpertsInterface: the config's
+# experts implementation names a registered function
+#     forward(module, hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) -> (T, H)
+# that reads the module's parameters and flags (has_gate, has_bias, is_transposed,
+# is_concatenated). Importing this module registers "cute_moe" there (register() does it
+# again, harmlessly); the name is then chosen with from_pretrained(...,
+# experts_implementation="cute_moe") or model.set_experts_implementation("cute_moe").
+#
+# The forward reads the HF parameters in place, through views only: they stay the source
+# of truth, so checkpoints, state-dict keys and optimizers see nothing new. What the module
+# needs (route, activation, which weights are transposed) is worked out once from its
+# flags and classes and kept on it; a call then sorts the routed rows by expert on the
+# device (no host sync, no data-dependent Python), runs the experts and combines each
+# token's rows in a fixed order.
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from transformers import activations as hf_activations
+from transformers.integrations import moe as hf_moe
+from transformers.integrations.moe import ExpertsInterface
+
+from .. import _library
+from ..activations import DEFAULT_ALPHA
+from ..expert_ffn import expert_ffn
+from ..functional import grouped_mm
+from ..nn.dispatch import permute, sort_by_expert, unpermute
+from ..reference.activation import glu_halves_ref
+from ..reference.gemm import grouped_mm_ref
+from ..reference.moe import experts_ref
+
+__all__ = ["NAME", "UnsupportedExpertsError", "register", "prepare", "experts_forward"]
+
+NAME = "cute_moe"
+# What the error messages point to: transformers' own implementations serve every module
+# ("grouped_mm" on any GPU since SM80 in bf16, and on the CPU; "eager" in any dtype).
+FALLBACK = "grouped_mm"
+
+
+class UnsupportedExpertsError(NotImplementedError):
+    """An experts module or device that experts_implementation="cute_moe" cannot serve;
+    the message says why and names an implementation that can."""
+
+
+def register() -> None:
+    """Registers "cute_moe" in transformers' ExpertsInterface (for every experts class
+    decorated with @use_experts_implementation). Idempotent; importing this module
+    already did it."""
+    ExpertsInterface.register(NAME, experts_forward)
+
+
+class _Plan(NamedTuple):
+    """How one experts module runs, worked out once (see _plan)."""
+    route: str              # "fused" (cute_moe.expert_ffn) or "halves" (_halves_expert_ffn)
+    activation: str         # a name of cute_moe/activations.py
+    alpha: float
+    limit: float | None
+    up: str                 # "gate_up_proj" (gated) or "up_proj"
+    bias: bool              # <up>_bias and down_proj_bias exist
+    out_in: bool            # weights stored (E, out, in) (is_transposed False): read as .mT views
+    kernels: bool           # the package's bf16 functions (the op library); else the references
+    device: torch.device    # the weights' device and dtype the plan was made for
+    dtype: torch.dtype
+
+
+_PLAN = "_cute_moe_plan"  # the module attribute holding its _Plan (not a parameter or buffer)
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum_j top_k_weights[t, j] * expert_{top_k_index[t, j]}(hidden_states[t]),
+    (T, H) in hidden_states' dtype. Expert ids >= num_experts (expert-parallel sentinels)
+    contribute zero and give their weight a zero gradient. Differentiable with respect
+    to hidden_states, top_k_weights and the module's parameters."""
+    w = self.down_proj
+    plan = getattr(self, _PLAN, None)
+    if plan is None or plan.device != w.device or plan.dtype != w.dtype:
+        plan = _make_plan(self)  # once per module, and again after a move to another device/dtype
+    w_up, w_down = getattr(self, plan.up), w
+    if plan.out_in:  # x @ W[e].T: the transposed views, which the kernels read as they are
+        w_up, w_down = w_up.transpose(-2, -1), w_down.transpose(-2, -1)
+    b_up = getattr(self, plan.up + "_bias") if plan.bias else None
+    b_down = self.down_proj_bias if plan.bias else None
+    fused = plan.route == "fused"
+    # Sentinel ids sort past every real expert, so they land past offs[-1]: padding rows,
+    # which the grouped GEMMs leave zero (and whose router weight gets zero gradient).
+    d = sort_by_expert(top_k_index, self.num_experts, top_k_weights if fused else None)
+    x = permute(hidden_states.to(plan.dtype), d)
+    if fused:  # the router weight goes into the down projection's epilogue
+        y = _fused_expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, d.prob, plan)
+        out = unpermute(y, d)
+    else:  # the router weight goes into the combine
+        y = _halves_expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, plan)
+        out = unpermute(y, d, top_k_weights)
+    return out.to(hidden_states.dtype)
+
+
+def _fused_expert_ffn(x, w_up, w_down, offs, b_up, b_down, prob, plan: _Plan):
+    """The whole expert block in two fused grouped GEMMs: w_up (E, H, 2I) interleaved gate
+    and linear columns (GPT-OSS's own layout) or (E, H, I) non-gated, as stored or as a
+    transposed view."""
+    if plan.kernels:
+        return expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=plan.activation,
+                          prob=prob, swiglu_alpha=plan.alpha, limit=plan.limit)
+    return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob, activation=plan.activation,
+                       alpha=plan.alpha, limit=plan.limit, impl="loop")
+
+
+def _halves_expert_ffn(x, w_up, w_down, offs, b_up, b_down, plan: _Plan):
+    """INTERIM route of the [gate | linear] halves layout (Qwen3-MoE, Mixtral, DeepSeek-V3:
+    gate_up_proj (E, 2I, H) read through its transposed view), until the fused kernels take
+    halves; then this function gives way to expert_ffn. Unfused: a grouped GEMM to the
+    (M, 2I) pre-activation, the activation in PyTorch on its two halves (slices of pre,
+    never of the weights: no per-call copy of a weight), a grouped GEMM down. The router
+    weight is applied by the caller's combine. Rows past offs[-1] come out zero."""
+    if plan.kernels:
+        def mm(a, w, bias):
+            return grouped_mm(a, w, offs, bias)
+    else:
+        compute = torch.promote_types(x.dtype, torch.float32)
+
+        def mm(a, w, bias):
+            return grouped_mm_ref(a, w, offs, bias, compute_dtype=compute)
+    pre = mm(x, w_up, b_up)
+    gate, linear = pre.chunk(2, dim=-1)
+    h = glu_halves_ref(gate, linear, plan.activation, plan.alpha, plan.limit).to(x.dtype)
+    return mm(h, w_down, b_down)
+
+
+# --- the plan: route, activation and backend of one module, worked out once ------------
+
+def prepare(model: nn.Module) -> nn.Module:
+    """Works out the plan of every experts module of `model` that runs "cute_moe" now
+    rather than at its first call (which torch.compile(fullgraph=True) could not trace:
+    the plan is made outside the graph), raising here for those it cannot serve.
+    Call it after moving the model to its device and dtype. Returns the model."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if (hasattr(module, "is_concatenated") and hasattr(module, "down_proj")
+                and getattr(config, "_experts_implementation", None) == NAME):
+            _make_plan(module)
+    return model
+
+
+@torch.compiler.disable
+def _make_plan(module: nn.Module) -> _Plan:
+    """_plan(module), kept on the module. Outside torch.compile's graph: a graph break
+    where the plan is missing (a module's first call), none once it is there."""
+    plan = _plan(module)
+    setattr(module, _PLAN, plan)
+    return plan
+
+
+def _unsupported(module: nn.Module, why: str, fallback: str = FALLBACK):
+    raise UnsupportedExpertsError(
+        f"experts_implementation={NAME!r}: {type(module).__name__}: {why}. Use "
+        f"experts_implementation={fallback!r} for this model "
+        f"(model.set_experts_implementation({fallback!r}), or from_pretrained(..., "
+        f"experts_implementation={fallback!r}))")
+
+
+def _plan(module: nn.Module) -> _Plan:
+    w = module.down_proj
+    kernels = _uses_kernels(module, w)
+    if getattr(module, "has_post_expert_norm", False):
+        _unsupported(module, "its experts apply a norm after the down projection, which "
+                     "cute_moe's expert block does not have")
+    alpha, limit = DEFAULT_ALPHA, None
+    if module.has_gate:
+        up = "gate_up_proj"
+        gate = getattr(type(module), "_apply_gate", None)
+        if _is_gpt_oss_gate(gate):
+            # GPT-OSS: interleaved (gate, linear) columns, the clamped SwiGLU with the
+            # module's alpha and limit: the fused kernels' native layout and activation
+            route, activation = "fused", "swiglu_oai"
+            alpha = float(module.alpha)
+            limit = None if module.limit is None else float(module.limit)
+        elif gate is not None and gate is _DEFAULT_GATE:
+            if not module.is_concatenated:
+                _unsupported(module, "transformers' default gate splits [gate | up] halves, but "
+                             "the module says is_concatenated=False")
+            route, activation = "halves", _activation(module, _GATED_ACTS, "gated")
+        else:
+            _unsupported(module, f"its gate {getattr(gate, '__qualname__', gate)} is its own; "
+                         "cute_moe computes GPT-OSS's clamped SwiGLU and transformers' default "
+                         "act_fn(gate) * up")
+    else:
+        up = "up_proj"
+        route, activation = "fused", _activation(module, _PLAIN_ACTS, "non-gated")
+    hidden, inter = (w.shape[1], w.shape[2]) if not module.is_transposed else (w.shape[2],
+                                                                               w.shape[1])
+    if kernels and (hidden % 8 or inter % 8):
+        _unsupported(module, f"the kernels need hidden and intermediate sizes that are multiples "
+                     f"of 8, got {hidden} and {inter}")
+    return _Plan(route, activation, alpha, limit, up, bool(module.has_bias),
+                 not module.is_transposed, kernels, w.device, w.dtype)
+
+
+def _uses_kernels(module: nn.Module, w: torch.Tensor) -> bool:
+    """Whether the module's weights run the package's bf16 functions (on CUDA, the fused
+    SM90 kernels; on the CPU, the op library's CPU kernels or the references under the
+    same autograd) rather than the plain references (CPU, other dtypes). Raises where
+    neither serves."""
+    dev = w.device
+    if dev.type == "cuda":
+        if not _library.library_loaded():
+            _unsupported(module, f"the cute_moe op library is not loaded ({_library.load_error()})")
+        props = torch.cuda.get_device_properties(dev)
+        if (props.major, props.minor) != (9, 0):
+            _unsupported(module, f"its weights are on {props.name} "
+                         f"(sm_{props.major}{props.minor}); the cute_moe kernels run on SM90 GPUs "
+                         "(H100, H200)")
+        if w.dtype != torch.bfloat16:  # (torch's grouped_mm takes bf16 only on CUDA, too)
+            _unsupported(module, f"its weights are {w.dtype}; the cute_moe kernels take bfloat16 "
+                         "(load the model with dtype=torch.bfloat16)", fallback="eager")
+        return True
+    if dev.type == "cpu":
+        return w.dtype == torch.bfloat16
+    _unsupported(module, f"its weights are on {dev}; cute_moe runs on SM90 GPUs, and on the CPU "
+                 "through its PyTorch references")
+
+
+# The gates cute_moe knows. transformers gives every decorated class without a gate of
+# its own _default_apply_gate; GPT-OSS's is known by name, so that this module needs not
+# import the GPT-OSS model.
+_DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)
+_GPT_OSS_GATE = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts._apply_gate")
+
+
+def _is_gpt_oss_gate(gate) -> bool:
+    return (getattr(gate, "__module__", None), getattr(gate, "__qualname__", None)) == _GPT_OSS_GATE
+
+
+def _act_classes(*names: str) -> tuple[type, ...]:
+    return tuple(c for c in (getattr(hf_activations, n, None) for n in names) if c is not None)
+
+
+# transformers' activation modules (ACT2FN) -> cute_moe's activations. "gelu" (exact, erf)
+# is not here: cute_moe's geglu is the tanh approximation ("gelu_pytorch_tanh",
+# "gelu_new", "gelu_fast"), up to 4.7e-4 away from it (at -2.7), so a model trained with
+# the exact one would not get its own function.
+_GATED_ACTS = ((_act_classes("SiLUActivation") + (nn.SiLU,), "swiglu"),
+               (_act_classes("GELUTanh", "NewGELUActivation", "FastGELUActivation"), "geglu"))
+_PLAIN_ACTS = ((_act_classes("ReLUSquaredActivation"), "srelu"),)
+
+
+def _activation(module: nn.Module, table, kind: str) -> str:
+    act = getattr(module, "act_fn", None)
+    for classes, name in table:
+        if classes and isinstance(act, classes):
+            return name
+    config = getattr(module, "config", None)
+    named = [f"{key}={getattr(config, key)!r}" for key in ("hidden_act", "mlp_hidden_act")
+             if isinstance(getattr(config, key, None), str)]
+    served = "silu/swish (swiglu), gelu_pytorch_tanh/gelu_new/gelu_fast (geglu)" \
+        if kind == "gated" else "relu2 (srelu)"
+    _unsupported(module, f"its {kind} activation {type(act).__name__}"
+                 f"{' (' + ', '.join(named) + ')' if named else ''} is not one cute_moe computes "
+                 f"for {kind} experts: {served}")
+
+
+register()
