@@ -232,26 +232,35 @@ def assert_steps_close(got, want, tol: float, what: str) -> None:
         testing.assert_rel_close(got[2][name], want[2][name], f"{what}: grad {name}", tol=tol)
 
 
-def assert_model_within_noise(steps, what: str) -> None:
-    """pinned_steps with ("cute_moe", bf16) and ("grouped_mm", bf16): bf16 rounding
-    anywhere in the model (attention included) moves some gradients by 10-50% (routers,
-    attention sinks, norms: sums that cancel), for transformers' own implementations too,
-    so the bar is theirs: logits and loss within BF16_TOL of fp32 "eager" (or, should the
-    bf16 model as a whole be further off, within noise_bar of "grouped_mm"'s error), and
-    the whole gradient and the experts' gradients within noise_bar of "grouped_mm"'s."""
+def assert_model_within_noise(runs, what: str) -> None:
+    """runs: pinned_steps with ("cute_moe", bf16) and ("grouped_mm", bf16), one per model
+    seed (or a single one). bf16 rounding anywhere in the model (attention included) moves
+    some gradients by 10-50% (routers, attention sinks, norms: sums that cancel), for
+    transformers' own implementations too, so the bar is theirs: logits and loss within
+    BF16_TOL of fp32 "eager" (or, should the bf16 model as a whole be further off, within
+    noise_bar of "grouped_mm"'s error), and the whole gradient and the experts' gradients,
+    averaged over the seeds, within noise_bar of "grouped_mm"'s average. (Averaged: a
+    router's gradient is a difference of nearly equal terms, so its error at one seed is
+    nearly a coin flip for either implementation; measured at Qwen3-MoE's tiny config:
+    ours 5.6% / theirs 2.2% at one seed, 12.0% / 12.7% at the next.)"""
     bf16 = torch.bfloat16
-    ref, ours, theirs = steps["eager"], steps["cute_moe", bf16], steps["grouped_mm", bf16]
-    for i, part in ((0, "logits"), (1, "loss")):
-        bar = max(BF16_TOL, noise_bar(testing.rel_error(theirs[i], ref[i])))
-        testing.assert_rel_close(ours[i], ref[i], f"{what}: {part}", tol=bar)
+    runs = [runs] if isinstance(runs, dict) else list(runs)
+    for steps in runs:
+        ref, ours, theirs = steps["eager"], steps["cute_moe", bf16], steps["grouped_mm", bf16]
+        for i, part in ((0, "logits"), (1, "loss")):
+            bar = max(BF16_TOL, noise_bar(testing.rel_error(theirs[i], ref[i])))
+            testing.assert_rel_close(ours[i], ref[i], f"{what}: {part}", tol=bar)
 
-    def err(step, names):
-        return testing.rel_error(flat({n: step[2][n] for n in names}),
+    def err(steps, impl, names):
+        ref, got = steps["eager"], steps[impl, bf16]
+        return testing.rel_error(flat({n: got[2][n] for n in names}),
                                  flat({n: ref[2][n] for n in names}))
-    experts = [n for n in ref[2] if ".experts." in n]
-    for part, names in (("all gradients", list(ref[2])), ("expert gradients", experts)):
-        bar = noise_bar(err(theirs, names))
-        assert err(ours, names) <= bar, (what, part, err(ours, names), bar)
+    names_all = list(runs[0]["eager"][2])
+    experts = [n for n in names_all if ".experts." in n]
+    for part, names in (("all gradients", names_all), ("expert gradients", experts)):
+        ours = sum(err(s, "cute_moe", names) for s in runs) / len(runs)
+        theirs = sum(err(s, "grouped_mm", names) for s in runs) / len(runs)
+        assert ours <= noise_bar(theirs), (what, part, ours, noise_bar(theirs))
 
 
 def noise_bar(baseline: float) -> float:
