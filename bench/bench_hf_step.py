@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+# A full training step of an HF transformers MoE model (2 layers, built from a config, same
+# weights and batches) with experts_implementation="grouped_mm" (transformers' own:
+# torch._grouped_mm with the activation and bias unfused) against "cute_moe", in the same
+# run: median step ms (AdamW, bf16, eager attention) and peak memory, at GPT-OSS-20B's MoE
+# dimensions (hidden 2880, 32 experts of 2880, top-4; the fused route) and Qwen3-30B-A3B's
+# (hidden 2048, 128 experts of 768, top-8; [gate; up] halves, the interim unfused route of
+# cute_moe.integrations.transformers). "grouped_mm" runs first, so any advantage of a GPU
+# fresh from idle goes to the baseline. Table on stdout.
+#
+#   python bench/bench_hf_step.py [--models gpt-oss-20b,qwen3-30b-a3b] [--steps 25]
+#       [--batch 8] [--seq 1024] [--json out.json]
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from common import fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
+import finetune_transformers_gpt_oss as example  # noqa: E402  (registers "cute_moe")
+
+IMPLEMENTATIONS = ("grouped_mm", "cute_moe")
+
+
+def qwen3_model(args):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    config = Qwen3MoeConfig(
+        vocab_size=example.VOCAB, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=args.seq,
+        attn_implementation="eager", experts_implementation="cute_moe")
+    torch.manual_seed(args.seed)
+    with torch.device("cuda"):
+        return Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+
+
+def gpt_oss_model(args):
+    ex_args = example.parse_args(["--layers", str(args.layers), "--seq", str(args.seq),
+                                  "--batch", str(args.batch), "--seed", str(args.seed)])
+    return example.build_model(ex_args)
+
+
+MODELS = {"gpt-oss-20b": gpt_oss_model, "qwen3-30b-a3b": qwen3_model}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="HF training step: grouped_mm vs cute_moe")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--steps", type=int, default=25, help="per implementation; the median skips 5")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_hf_step: needs an SM90 GPU", file=sys.stderr)
+        return 2
+    import_cute_moe()
+    args.device, args.dtype = "cuda", "bf16"  # what example.train reads
+    batches = example.make_batches(args)
+    rows, records = [("model", "impl", "step ms", "x", "peak GiB", "final loss")], []
+    for name in args.models.split(","):
+        base = MODELS[name](args)
+        runs = {impl: example.train(base, impl, batches, args) for impl in IMPLEMENTATIONS}
+        del base
+        torch.cuda.empty_cache()
+        ref = runs["grouped_mm"]["step_ms"]
+        for impl, r in runs.items():
+            rows.append((name, impl, fmt(r["step_ms"], ".1f"), fmt(ref / r["step_ms"], ".2f"),
+                         fmt(r["peak_gib"], ".2f"), fmt(r["losses"][-1], ".4f")))
+            records.append(dict(model=name, impl=impl, **r))
+    print_columns(rows, left=2)
+    if args.json:
+        write_json(args.json, run_meta(steps=args.steps, batch=args.batch, seq=args.seq, layers=args.layers),
+                   records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
