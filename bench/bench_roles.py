@@ -8,7 +8,7 @@
 #
 #   python bench/bench_roles.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--routing balanced]
 #       [--reps 30] [--roles up_fprop_act,...] [--configs NAME,...] [--orders auto,m1,n2]
-#       [--json out.json]
+#       [--rounds 3] [--json out.json]
 # --orders: each forced config also under these tile orders (raster m/n + swizzle 1/2/4/8,
 # through CUTE_MOE_RASTER / CUTE_MOE_SWIZZLE; "auto" is the heuristic's order for the
 # heuristic's config and CUTLASS's default, along M with swizzle 1, for a forced one).
@@ -65,13 +65,21 @@ def bench(shape: str, routing: str, args) -> list[dict]:
         flops = 2 * m * k_dim * n_dim
         configs = [None] + [c for c in compiled(ROLE_CALL[role], s["act"])
                             if not args.configs or c in args.configs]
-        for config in configs:
-            for order in (["auto"] if config is None else args.orders):
-                ms = time_ms(forced(ours, config, order), args.reps, args.warmup)
-                name = (config or "heuristic") + ("" if order == "auto" else f" {order}")
-                rows.append(dict(shape=shape, routing=routing, role=role, config=name,
-                                 ms=ms, tflops=flops / ms / 1e9))
-                print(f"[{shape}/{routing}] {role} {name}: {ms:.3f} ms", file=sys.stderr, flush=True)
+        runs = {(config or "heuristic") + ("" if order == "auto" else f" {order}"):
+                forced(ours, config, order)
+                for config in configs for order in (["auto"] if config is None else args.orders)}
+        # Rounds over all the role's variants, in alternating directions, the median of each:
+        # an H100's clock drifts with how long it has been busy, which would otherwise favour
+        # whatever is timed first (docs/perf-notes.md, session 6).
+        times = {name: [] for name in runs}
+        for r in range(args.rounds):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                times[name].append(time_ms(runs[name], args.reps, args.warmup))
+        for name, t in times.items():
+            ms = sorted(t)[len(t) // 2]
+            rows.append(dict(shape=shape, routing=routing, role=role, config=name,
+                             ms=ms, tflops=flops / ms / 1e9))
+            print(f"[{shape}/{routing}] {role} {name}: {ms:.3f} ms", file=sys.stderr, flush=True)
     return rows
 
 
@@ -82,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="", help="only these forced configs (comma-separated)")
     ap.add_argument("--roles", default="", help="only these roles (comma-separated)")
     ap.add_argument("--orders", default="auto", help="tile orders of the forced configs, e.g. auto,m1,n2")
+    ap.add_argument("--rounds", type=int, default=3, help="timings of each variant, in rounds over "
+                    "all of a role's variants (alternating direction); the median is reported")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -111,7 +121,7 @@ def main(argv=None) -> int:
                       fmt(r["tflops"], ".0f"), fmt(r["ms"] / best[(r["shape"], r["routing"], r["role"])], ".3f")))
     print_columns(lines, left=4)
     if args.json:
-        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, roles=list(ROLES)), rows)
+        write_json(args.json, run_meta(reps=args.reps, warmup=args.warmup, rounds=args.rounds, roles=list(ROLES)), rows)
     return 0
 
 
