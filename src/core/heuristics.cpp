@@ -76,13 +76,11 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   };
 
   LaunchChoice choice;
-  // The fused kernels, and the plain ragged-M GEMMs with a short reduction, run their "mid"
-  // tile (128x192) where compiled: 5-40% faster than the rule's tile for the fused kernels,
-  // 12-28% for the plain GEMMs at GPT-OSS-20B and Qwen3-30B-A3B; a long reduction (the
-  // GPT-OSS up dgrad, k = 5760) keeps the wide tile, 3-7% faster there (docs/perf-notes.md,
-  // "128x192 tiles" and session 6).
-  // The weight gradients (ragged K) too: 9-23% over the rule's tile at Qwen3-30B-A3B and
-  // the GPT-OSS-20B down projection, within 3% of it at the GPT-OSS up projection.
+  // The "mid" tile (128x192) where compiled, at GPT-OSS-20B and Qwen3-30B-A3B against the
+  // rule's tile (docs/perf-notes.md, "128x192 tiles" and session 6): the fused kernels 5-40%
+  // faster; the plain ragged-M GEMMs with a short reduction 12-28% (a long one, the GPT-OSS
+  // up dgrad at k = 5760, keeps the wide tile, 3-7% faster there); the weight gradients
+  // 9-23% (within 3% at the GPT-OSS up projection).
   if (p.act != Act::Unfused || !ragged_m || short_reduction) choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
