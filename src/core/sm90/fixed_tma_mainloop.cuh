@@ -86,7 +86,6 @@ struct FixedTmaMainloop : Base {
   // ragged K: both with the two wraparound modes.
   using StrideAAll = std::conditional_t<kRaggedK, Wrapped<InternalStrideA>, InternalStrideA>;
   using StrideBAll = std::conditional_t<kRaggedK, Wrapped<InternalStrideB>, Batched<InternalStrideB>>;
-  static constexpr int kRank = kRaggedK ? 4 : 3;
 
   // The copy of one operand over its whole tensor (rank 4 for ragged K, else 3).
   template <class Stride, class Element, class SmemLayout, class Copy, class Tile, class Multicast>
