@@ -53,7 +53,7 @@ def check_declaration() -> None:
         need(a.gated or a.default_limit is None, f"{a.name}: only gated activations take a limit")
     arches = {a.name for a in ks.ARCHES}
     for v in ks.VARIANTS:
-        need(v.acts in ("unfused", "forward", "backward"), f"{v.enum}: acts {v.acts!r}")
+        need(v.acts in ("unfused", "forward", "backward", "backward_gated"), f"{v.enum}: acts {v.acts!r}")
         need(v.ragged in ("m", "k"), f"{v.enum}: ragged {v.ragged!r}")
         need(v.out in ks.DTYPES, f"{v.enum}: out dtype {v.out!r} not in DTYPES")
     for (arch, variant), tiles in ks.TILES.items():
@@ -70,6 +70,8 @@ def check_declaration() -> None:
 def acts_of(v: ks.Variant) -> list[ks.Activation | None]:
     if v.acts == "unfused":
         return [None]
+    if v.acts == "backward_gated":
+        return [a for a in ks.ACTIVATIONS if a.gated]
     return [a for a in ks.ACTIVATIONS if v.acts == "backward" or a.fused_forward]
 
 
@@ -181,7 +183,7 @@ def enums_header() -> str:
         switch("is_ragged_m", "KernelVariant", "bool",
                [(v.enum, str(v.ragged == "m").lower()) for v in ks.VARIANTS]),
         switch("is_act_backward", "KernelVariant", "bool",
-               [(v.enum, str(v.acts == "backward").lower()) for v in ks.VARIANTS]),
+               [(v.enum, str(v.acts.startswith("backward")).lower()) for v in ks.VARIANTS]),
         switch("act_name", "Act", "const char*",
                [("Unfused", '""')] + [(a.enum, f'"{a.name}"') for a in ks.ACTIVATIONS]),
         switch("act_of", "Activation", "Act", [(f"k{a.enum}", f"Act::{a.enum}") for a in ks.ACTIVATIONS]),
@@ -265,7 +267,7 @@ def kernel_tu(arch, v, role, t, a) -> str:
     # the declaration's element types, checked against the kernel's (the fused backward
     # stores packed bf16 pairs as 32-bit words)
     checks = f"static_assert(std::is_same_v<{types}::ElementAB, {ks.DTYPES[ks.AB_DTYPE]}>, \"A/B dtype\");\n"
-    if v.acts != "backward":
+    if not v.acts.startswith("backward"):
         checks += f"static_assert(std::is_same_v<{types}::ElementD, {ks.DTYPES[v.out]}>, \"D dtype\");\n"
     return f"""// {BANNER}; do not edit.
 #include "{header}"

@@ -36,7 +36,8 @@ class Variant(NamedTuple):
     call: str       # the public call it serves, as list_kernels() reports it
     what: str       # for error messages and logs
     ragged: str     # "m" (forward, input gradient) or "k" (weight gradient)
-    acts: str       # which activations get a kernel: "unfused", "forward" or "backward"
+    acts: str       # which activations get a kernel: "unfused", "forward", "backward" or
+                    # "backward_gated" (the gated ones)
     family: str     # which arch header holds its traits (HEADERS)
     out: str        # element type of D, one of DTYPES (the fused backward stores bf16 pairs)
 
@@ -89,6 +90,9 @@ VARIANTS = (
             "act", "bf16"),
     Variant("ActBwd_BCol", "act_backward_bcol", "act_backward (weight k-contiguous)", "m",
             "backward", "act", "bf16"),
+    Variant("ActBwdHalves_BRow", "act_backward_halves",
+            "act_backward (dpre as [dgate | dlinear] halves, weight n-contiguous)", "m",
+            "backward_gated", "act", "bf16"),
 )
 
 # Per arch, the header (under src/core) that defines each variant family's traits.
@@ -128,4 +132,5 @@ TILES = {
     ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": _MID_COOP},
+    ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
 }

@@ -16,6 +16,12 @@
 
 namespace cute_moe {
 
+// Where a gated activation's (gate, linear) columns sit in the up-projection's 2I columns
+// (of the weight, the bias and the gradient of pre): kInterleaved, gate j at 2j and
+// linear j at 2j+1 (HF GPT-OSS); kHalves, gate j at j and linear j at I + j (HF Qwen3-MoE,
+// Mixtral, DeepSeek-V3: [gate | up]).
+enum class GateLinear { kInterleaved, kHalves };
+
 // The activation and its parameters; the defaults are the declared default activation's.
 struct ActivationOptions {
   Activation activation = kDefaultActivation;
@@ -30,12 +36,16 @@ struct ActivationOptions {
 //   h[r, :]   = act(pre[r, :])  width gemm.n / 2 (gated) or gemm.n, stored in h (bf16),
 //               computed from pre as rounded to bf16, so a recomputation from the stored
 //               pre is exact.
-// gemm.row_scale must be null.
+// gemm.row_scale must be null. gate_linear: the layout of W's (and the bias's) columns;
+// kHalves needs a gated activation and a k-contiguous W (w_stride_k == 1): the kernel
+// loads each (gate, linear) pair into adjacent rows of its tile, so pre always comes out
+// interleaved (the layout act_backward reads), and h is the same either way.
 struct ActForwardArgs {
   RaggedMGemmArgs gemm;
   void* h = nullptr;  // bf16 (gemm.m, width above), row stride ldh
   int64_t ldh = 0;
   ActivationOptions act;
+  GateLinear gate_linear = GateLinear::kInterleaved;
 };
 
 // Input gradient of the down-projection with the activation's backward, one launch:
@@ -60,6 +70,10 @@ struct ActBackwardArgs {
   const void* out_bias = nullptr;  // bf16 (num_groups, gemm.k), row stride out_bias_stride
   int64_t out_bias_stride = 0;
   ActivationOptions act;
+  // The layout dpre is written in (pre is always interleaved). kHalves ([dgate | dlinear],
+  // the up-projection weight's own layout, so its gradients need no repack) needs a gated
+  // activation and an n-contiguous gemm.w (w_stride_n == 1).
+  GateLinear dpre_layout = GateLinear::kInterleaved;
 };
 
 Result validate(const ActForwardArgs& args);

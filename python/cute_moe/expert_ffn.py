@@ -12,7 +12,7 @@ from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
-from .ops.glu import check_gated_width
+from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import check_permute_args
 from .permute import permute as _permute
 
@@ -24,7 +24,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                activation: str = DEFAULT_ACTIVATION, prob: torch.Tensor | None = None,
                scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
                swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
-               gather: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+               gather: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+               gate_linear: str = "interleaved") -> torch.Tensor:
     """The expert block of an MoE layer on routed rows sorted by expert:
         pre = scale_up[e] * (x[r] @ w_up[e]) + b_up[e]
         h   = act(pre)
@@ -39,6 +40,11 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        (E, H, I) for "srelu" and "none"; or a transposed view of (E, 2I, H) / (E, I, H).
     w_down: (E, I, H) bf16, or a transposed view of (E, H, I).
     b_up: (E, 2I) (interleaved) or (E, I); b_down: (E, H); bf16, optional.
+    gate_linear: where the gated activations' gate and linear columns sit in w_up and b_up:
+       "interleaved" (above) or "halves" ([gate | linear], column j gate j, I + j linear
+       j: Qwen3-MoE, Mixtral, DeepSeek-V3). The gradients come back in the same layout.
+       Halves are read in place from the transposed view of an (E, 2I, H) w_up with an
+       (E, I, H)-contiguous w_down (HF's storage); other storages cost a copy per call.
     activation: one of cute_moe/activations.py: "swiglu_oai" (GPT-OSS, the default:
        g*sigmoid(swiglu_alpha*g)*(u+1)), "swiglu" (silu(g)*u), "geglu" (gelu_tanh(g)*u),
        "srelu" (relu(a)^2) or "none".
@@ -71,7 +77,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
         check_gated_width(op, w_up, "w_up", activation)
     inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
     num_experts, hidden = w_up.shape[0], x.shape[1]
-    act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
+    check_gate_linear(op, gate_linear, activation)
+    act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit), gate_linear)
     rows = token_rows = None
     if gather is not None:
         rows, token_rows = gather

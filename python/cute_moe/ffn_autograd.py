@@ -15,16 +15,21 @@ from . import _library
 from .reference.activation import act_bwd_ref, act_ref
 from .reference.gemm import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref,
                              grouped_mm_wgrad_ref)
-from .reference.glu import grouped_mm_act_bwd_ref, grouped_mm_act_ref
+from .reference.glu import as_gate_linear, grouped_mm_act_bwd_ref, grouped_mm_act_ref
 
 __all__ = ["Act", "UpProj", "DownProj", "ScaledMM", "gathered_ok"]
 
 
 class Act(NamedTuple):
-    """An activation with its parameters (alpha: swiglu_oai's sigmoid scale)."""
+    """An activation with its parameters (alpha: swiglu_oai's sigmoid scale) and, for the
+    gated ones, where the up projection's (gate, linear) columns sit: "interleaved" or
+    "halves" ([gate | linear]: the weight, its bias and their gradients; pre is always
+    interleaved, and in "halves" the gradient DownProj hands back for pre is in halves,
+    which UpProj expects)."""
     name: str
     alpha: float
     limit: float | None
+    gate_linear: str = "interleaved"
 
 
 def _mm(a, w, offs, bias=None):
@@ -50,17 +55,19 @@ def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None):
                                                           act.alpha, act.limit)
     if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
-                                                 act.limit)
-    return grouped_mm_act_ref(x, w, offs, bias, scale, act.name, act.alpha, act.limit)
+                                                 act.limit, act.gate_linear)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, act.name, act.alpha, act.limit,
+                              act.gate_linear)
 
 
 def _act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act: Act):
     """(dpre, prob * h, dprob) of the fused down-projection input gradient."""
     if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias,
-                                                     prob_grad, act.name, act.alpha, act.limit)
+                                                     prob_grad, act.name, act.alpha, act.limit,
+                                                     act.gate_linear)
     return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act.name,
-                                  act.alpha, act.limit)
+                                  act.alpha, act.limit, act.gate_linear)
 
 
 def _column_sum(src, offs, row_scale=None):
@@ -111,7 +118,7 @@ def _param_grads(a, dy, offs, w, need_w, bias_dtype, scale=None, need_scale=Fals
 def gathered_ok(x, w, act: Act) -> bool:
     """Whether the gathered up projection (the op) takes these operands."""
     return (_library.library_loaded() and x.is_cuda and act.name != "none"
-            and (w.stride(2) == 1 or w.shape[2] == 1))
+            and act.gate_linear == "interleaved" and (w.stride(2) == 1 or w.shape[2] == 1))
 
 
 class UpProj(torch.autograd.Function):
@@ -149,7 +156,7 @@ class UpProj(torch.autograd.Function):
         # torch.compile may hand a zero grad_h here rather than None: still correct.
         if grad_h is not None:
             pre = _act_fwd(x, w, offs, bias, scale, act, rows)[1]  # same bits as the forward's
-            d = act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit)
+            d = as_gate_linear(act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit), act.gate_linear)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
             return (None,) * 9

@@ -215,15 +215,18 @@ def capture_graph(fn, warmup: int = 2):
 
 
 class OpLog(TorchDispatchMode):
-    """Records the cute_moe ops dispatched while it is active."""
+    """Records the cute_moe ops dispatched while it is active: their names (calls) and,
+    in the same order, their arguments as dispatched (args: (args, kwargs) pairs)."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
+        self.args = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "cute_moe":
             self.calls.append(func.__name__.split(".")[0])
+            self.args.append((args, kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 

@@ -60,6 +60,7 @@ GemmProblem lower(const ActForwardArgs& a) {
                                             : KernelVariant::ActFwd_BRow;
   p.act = act_of(a.act.activation);
   p.act_params = act_params(a.act);
+  p.b_halves = a.gate_linear == GateLinear::kHalves;
   p.aux = {a.h, a.ldh};  // h = act(pre); D is pre
   p.aux_cols = is_gated(a.act.activation) ? a.gemm.n / 2 : a.gemm.n;
   return p;
@@ -68,17 +69,26 @@ GemmProblem lower(const ActForwardArgs& a) {
 GemmProblem lower(const ActBackwardArgs& a) {
   // gemm.x = dy (A), gemm.w = W_down^T (B), gemm.n = I. The kernel reads pre (C) and writes
   // dpre (D) through its TMA pipelines: gated, as n-wide rows of (gate, linear) pairs.
+  // dpre in [dgate | dlinear] halves (validated: gated, n-contiguous W): D is dgate (n
+  // wide, bf16) and aux2 dlinear, n columns further on.
   GemmProblem p = lower(a.gemm);
-  p.variant = p.b_k_major ? KernelVariant::ActBwd_BCol : KernelVariant::ActBwd_BRow;
+  const bool halves = a.dpre_layout == GateLinear::kHalves;
+  p.variant = halves ? KernelVariant::ActBwdHalves_BRow
+              : p.b_k_major ? KernelVariant::ActBwd_BCol : KernelVariant::ActBwd_BRow;
   p.act = act_of(a.act.activation);
   p.act_params = act_params(a.act);
   const bool gated = is_gated(a.act.activation);
   const Elem pair = gated ? Elem::kBF16Pair : Elem::kBF16;
   const int64_t per_word = gated ? 2 : 1;  // bf16 values per element of `pair`
   p.c = {a.pre, a.ldpre / per_word, pair};
-  p.d = {a.dpre, a.lddpre / per_word, pair};
   p.aux = {a.gemm.y, a.gemm.ldy};  // p * act(pre), I wide
   p.aux_cols = a.gemm.n;
+  if (halves) {
+    p.d = {a.dpre, a.lddpre, Elem::kBF16};
+    p.aux2 = {static_cast<const char*>(a.dpre) + a.gemm.n * elem_bytes(Elem::kBF16), a.lddpre, Elem::kBF16};
+  } else {
+    p.d = {a.dpre, a.lddpre / per_word, pair};
+  }
   p.row_scale_grad = a.row_scale_grad != nullptr;
   return p;
 }

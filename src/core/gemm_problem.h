@@ -49,10 +49,13 @@ struct GemmProblem {
   Operand b;                             // ragged M: W[g] at b.ptr + g * b_group_stride;
   int64_t b_group_stride = 0;            //   ragged K: dy (m, n)
   bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
+  bool b_halves = false;                 // act forward: W's gate / linear columns as [gate | linear]
   Operand c;                             // epilogue source (act backward: pre)
   Operand d;                             // output
   Operand aux;                           // second output (act forward: h; backward: p * h)
   int64_t aux_cols = 0;
+  Operand aux2;                          // third output, aux_cols wide (act backward with dpre
+                                         //   in halves: D is dgate, aux2 dlinear)
   const void* bias = nullptr;  // bf16 row added per group: bias + g * bias_group_stride
   int64_t bias_group_stride = 0;
   const float* group_scale = nullptr;  // one per group (null: 1)

@@ -81,10 +81,12 @@ __global__ void ragged_m_setup_kernel(GemmProblem p, GroupArrays g, float* row_p
   const int64_t d_row = elem_bytes(p.d.elem);
   zero_rows(const_cast<char*>(at(p.d.ptr, used * p.d.ld, p.d.elem)), p.m - used, p.n * d_row, p.d.ld * d_row, thread,
             threads);
-  if (p.aux.present()) {
-    const int64_t aux_row = elem_bytes(p.aux.elem);
-    zero_rows(const_cast<char*>(at(p.aux.ptr, used * p.aux.ld, p.aux.elem)), p.m - used, p.aux_cols * aux_row,
-              p.aux.ld * aux_row, thread, threads);
+  const Operand auxes[] = {p.aux, p.aux2};
+  for (const Operand& aux : auxes) {
+    if (!aux.present()) continue;
+    const int64_t aux_row = elem_bytes(aux.elem);
+    zero_rows(const_cast<char*>(at(aux.ptr, used * aux.ld, aux.elem)), p.m - used, p.aux_cols * aux_row,
+              aux.ld * aux_row, thread, threads);
   }
 }
 

@@ -202,6 +202,9 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.raster_along_n = plan.raster_along_n;
   ctx.swizzle = plan.swizzle;
   ctx.act = p.act_params;
+  ctx.aux = {const_cast<void*>(p.aux.ptr), p.aux.ld, p.aux_cols};
+  ctx.aux2 = {const_cast<void*>(p.aux2.ptr), p.aux2.ld, p.aux_cols};
+  ctx.whole.offs = p.offs;  // the epilogues' TMA-stored outputs need it too
   if (p.gather_rows == nullptr) {  // every TMA-loaded variant reads its operands whole
     detail::WholeOperands& w = ctx.whole;
     w.a = p.a.ptr;
@@ -210,10 +213,13 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
     w.b = p.b.ptr;
     w.ldb = p.b.ld;
     w.b_batch = p.b_group_stride;
+    if (p.b_halves) {  // (gate j, linear j) at columns j and n/2 + j
+      w.b_pair_stride = p.n / 2;
+      w.b_feature_stride = 1;
+    }
     w.groups = p.num_groups;
     w.n = p.n;
     w.k = p.k;
-    w.offs = p.offs;
   }
   return plan.kernel->launch(groups, ctx);
 }

@@ -64,10 +64,24 @@ struct WholeOperands {
   const void* b = nullptr;  // leading dimension ldb
   int64_t ldb = 0;
   int64_t b_batch = 0;      // ragged M only
+  // Fused gated forward over a k-contiguous weight: the N-index distances between a
+  // (gate, linear) pair's members and between consecutive features. Interleaved (1, 2);
+  // [gate | linear] halves (n/2, 1).
+  int64_t b_pair_stride = 1;
+  int64_t b_feature_stride = 2;
   int32_t groups = 0;
   int64_t n = 0;
   int64_t k = 0;
   const int32_t* offs = nullptr;  // device: cumulative end rows per group
+};
+
+// An epilogue output that the kernel writes through a TMA descriptor made once over the
+// whole matrix (sm90/ragged_tma_store.cuh) rather than through per-group pointers: rows
+// a_rows (WholeOperands), a group's rows clipped at its end.
+struct OutputMatrix {
+  void* ptr = nullptr;  // null: absent
+  int64_t ld = 0;       // elements between rows
+  int64_t cols = 0;
 };
 
 struct LaunchContext {
@@ -80,6 +94,8 @@ struct LaunchContext {
   int swizzle = 1;              // 1, 2, 4 or 8
   ActParams act;                // activation epilogues only
   WholeOperands whole;          // variants whose operands TMA loads (not the gathered A)
+  OutputMatrix aux;             // act backward: p * h
+  OutputMatrix aux2;            // act backward, dpre in halves: the dlinear half
 };
 
 // Defined per arch (sm90/kernel_instance.cuh) and instantiated by the generated units.

@@ -147,6 +147,14 @@ Result validate(const ActForwardArgs& a) {
   c.require(!gated || a.gemm.n % 16 == 0,
             "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=", a.gemm.n);
   c.require(a.gemm.row_scale == nullptr, "row_scale must be null (it scales the down projection)");
+  if (a.gate_linear == GateLinear::kHalves) {
+    c.require(gated, "gate_linear kHalves needs a gated activation, got ", activation_name(a.act.activation));
+    c.require(a.gemm.gather_rows == nullptr, "gate_linear kHalves: no gathered rows (gather first, or interleave W)");
+    c.require(a.gemm.w_stride_k == 1,
+              "gate_linear kHalves needs W k-contiguous (w_stride_k == 1, e.g. the (E, 2I, H) storage read "
+              "transposed), got w_stride_k=",
+              a.gemm.w_stride_k);
+  }
   const int64_t h_cols = gated ? a.gemm.n / 2 : a.gemm.n;
   c.pointer("h", a.h, a.gemm.m > 0).leading_dim("ldh", a.ldh, h_cols, gated ? "n/2" : "n");
   return c.result();
@@ -163,6 +171,12 @@ Result validate(const ActBackwardArgs& a) {
   const char* pre_name = gated ? "2n" : "n";
   c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);
   c.leading_dim("ldpre", a.ldpre, pre_cols, pre_name).leading_dim("lddpre", a.lddpre, pre_cols, pre_name);
+  if (a.dpre_layout == GateLinear::kHalves) {
+    c.require(gated, "dpre_layout kHalves needs a gated activation, got ", activation_name(a.act.activation));
+    c.require(a.gemm.w_stride_n == 1, "dpre_layout kHalves needs W n-contiguous (w_stride_n == 1), got w_stride_n=",
+              a.gemm.w_stride_n);
+    c.require(a.gemm.n % 8 == 0, "dpre_layout kHalves: n (I) must be a multiple of 8, got ", a.gemm.n);
+  }
   c.require(a.row_scale_grad == nullptr || a.gemm.row_scale != nullptr,
             "row_scale_grad needs row_scale (the gradient of a row scale the forward did not apply)");
   c.scalars("row_scale_grad", a.row_scale_grad);

@@ -28,29 +28,61 @@ ActivationOptions activation_options(const std::string& activation, double alpha
   return o;
 }
 
+// gate_linear: "interleaved" (gate j at column 2j, linear j at 2j+1) or "halves" (gate j
+// at j, linear j at I + j) for the up projection's columns, weights, bias and dpre.
+GateLinear gate_linear_of(const std::string& s, const ActivationOptions& o) {
+  TORCH_CHECK(s == "interleaved" || s == "halves", "cute_moe: gate_linear must be 'interleaved' or 'halves', got '",
+              s, "'");
+  if (s == "interleaved") return GateLinear::kInterleaved;
+  TORCH_CHECK(is_gated(o.activation), "cute_moe: gate_linear='halves' needs a gated activation, got ",
+              activation_name(o.activation));
+  return GateLinear::kHalves;
+}
+
+// (E, ..., 2I) halves columns as interleaved ones (a copy): the layouts the kernels do not
+// read in place (an n-contiguous weight, the bias) go through it.
+at::Tensor interleave_halves(const at::Tensor& t) {
+  auto sizes = t.sizes().vec();
+  const int64_t n = sizes.back();
+  std::vector<int64_t> split(sizes.begin(), sizes.end() - 1);
+  split.push_back(2);
+  split.push_back(n / 2);
+  return t.reshape(split).transpose(-2, -1).reshape(sizes);
+}
+
 // (h, pre): pre = scale[e] * (x @ w[e]) + bias[e], h = act(pre).
 std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, const at::Tensor& w,
                                                        const at::Tensor& offs, const std::optional<at::Tensor>& bias,
                                                        const std::optional<at::Tensor>& scale,
                                                        const std::string& activation, double alpha,
-                                                       std::optional<double> limit) {
+                                                       std::optional<double> limit, const std::string& gate_linear) {
   const ActivationOptions opts = activation_options(activation, alpha, limit);
   TORCH_CHECK(activation_info(opts.activation).fused_forward, "cute_moe: grouped_mm_act: activation '", activation,
               "' has no fused forward (h = pre): use grouped_mm_scaled");
   const bool gated = is_gated(opts.activation);
+  const GateLinear layout = gate_linear_of(gate_linear, opts);
   check_ragged_m_operands(x, w, offs);
   check_bias(bias, w, x);
   TORCH_CHECK(!gated || w.size(2) % 2 == 0, "cute_moe: ", activation,
-              " needs an even number of columns in w (interleaved gate/linear), got ", w.sizes());
+              " needs an even number of columns in w (gate/linear pairs), got ", w.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
+  // The kernel adds the bias in the order it computes the columns, interleaved: halves are
+  // reordered here (E x 2I, a small copy).
+  const std::optional<at::Tensor> b =
+      bias.has_value() && layout == GateLinear::kHalves ? std::optional<at::Tensor>(interleave_halves(*bias)) : bias;
+  if (layout == GateLinear::kHalves && w.stride(1) != 1) {
+    // halves are read in place from a k-contiguous W only; an n-contiguous one is copied
+    return grouped_mm_act_cuda(x, interleave_halves(w), offs, b, scale, activation, alpha, limit, "interleaved");
+  }
   at::Tensor pre = at::empty({x.size(0), w.size(2)}, x.options());
   at::Tensor h = at::empty({x.size(0), gated ? w.size(2) / 2 : w.size(2)}, x.options());
   ActForwardArgs a;
-  a.gemm = ragged_m_args(x, w, offs, bias, pre);
+  a.gemm = ragged_m_args(x, w, offs, b, pre);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
   a.ldh = row_stride(h);
   a.act = opts;
+  a.gate_linear = layout;
   if (a.gemm.m == 0) return {h, pre};
   enqueue_planned(act_forward, a, x);
   return {h, pre};
@@ -99,8 +131,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
     const at::Tensor& dy, const at::Tensor& w, const at::Tensor& offs, const at::Tensor& pre,
     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& prob,
     const std::optional<at::Tensor>& out_bias, bool prob_grad, const std::string& activation, double alpha,
-    std::optional<double> limit) {
+    std::optional<double> limit, const std::string& gate_linear) {
   const ActivationOptions opts = activation_options(activation, alpha, limit);
+  const GateLinear layout = gate_linear_of(gate_linear, opts);
+  if (layout == GateLinear::kHalves && w.stride(2) != 1) {
+    // halves are written in place for an n-contiguous W only; else interleaved, then copied
+    auto [dpre, h, dprob] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
+                                                    alpha, limit, "interleaved");
+    const c10::cuda::CUDAGuard guard(dy.device());
+    at::Tensor halves = dpre.view({dpre.size(0), dpre.size(1) / 2, 2}).transpose(1, 2).reshape(dpre.sizes());
+    return {halves, h, dprob};
+  }
   const int64_t pre_cols = is_gated(opts.activation) ? 2 * w.size(2) : w.size(2);
   check_ragged_m_operands(dy, w, offs);
   check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
@@ -134,6 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
     a.out_bias_stride = out_bias->stride(0);
   }
   a.act = opts;
+  a.dpre_layout = layout;
   if (a.gemm.m == 0) return {dpre, h, dprob};
   enqueue_planned(act_backward, a, dy);
   return {dpre, h, dprob};
@@ -143,14 +185,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, c
                                                           const at::Tensor& offs,
                                                           const std::optional<at::Tensor>& bias, double alpha,
                                                           std::optional<double> limit) {
-  return grouped_mm_act_cuda(x, w, offs, bias, std::nullopt, "swiglu_oai", alpha, limit);
+  return grouped_mm_act_cuda(x, w, offs, bias, std::nullopt, "swiglu_oai", alpha, limit, "interleaved");
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& w,
                                                               const at::Tensor& offs, const at::Tensor& pre,
                                                               double alpha, std::optional<double> limit) {
   auto [dpre, h, dprob] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, std::nullopt, std::nullopt, std::nullopt, false,
-                                                  "swiglu_oai", alpha, limit);
+                                                  "swiglu_oai", alpha, limit, "interleaved");
   return {dpre, h};
 }
 
@@ -172,7 +214,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
          ") -> (Tensor, Tensor)")
             .c_str());
   m.def(("grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, " + kActDefaults +
-         ") -> (Tensor, Tensor)")
+         ", str gate_linear=\"interleaved\") -> (Tensor, Tensor)")
             .c_str());
   m.def(("grouped_mm_act_gathered(Tensor x, Tensor rows, Tensor w, Tensor offs, Tensor? bias=None, "
          "Tensor? scale=None, " +
@@ -180,7 +222,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
             .c_str());
   m.def(("grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
          "Tensor? out_bias=None, bool prob_grad=False, " +
-         kActDefaults + ") -> (Tensor, Tensor, Tensor)")
+         kActDefaults + ", str gate_linear=\"interleaved\") -> (Tensor, Tensor, Tensor)")
             .c_str());
 }
 

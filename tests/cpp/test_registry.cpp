@@ -31,12 +31,15 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
                  detail::KernelVariant::RaggedK_OutBF16, detail::KernelVariant::RaggedK_OutF32,
                  detail::KernelVariant::ActFwd_BRow, detail::KernelVariant::ActFwd_BCol,
                  detail::KernelVariant::ActFwdGather_BRow, detail::KernelVariant::ActBwd_BRow,
-                 detail::KernelVariant::ActBwd_BCol}) {
+                 detail::KernelVariant::ActBwd_BCol, detail::KernelVariant::ActBwdHalves_BRow}) {
     std::vector<detail::Act> acts;
     const bool fused = std::string(detail::variant_call(v)).rfind("act_", 0) == 0;
+    const bool gated_only = v == detail::KernelVariant::ActBwdHalves_BRow;  // halves of (gate, linear) pairs
     if (!fused) acts.push_back(detail::Act::Unfused);
     for (const auto& a : kActivations) {
-      if (fused && (detail::is_act_backward(v) || a.fused_forward)) acts.push_back(detail::act_of(a.id));
+      if (fused && (detail::is_act_backward(v) || a.fused_forward) && (!gated_only || a.gated)) {
+        acts.push_back(detail::act_of(a.id));
+      }
     }
     for (detail::Act act : acts) {
       bool found = false;

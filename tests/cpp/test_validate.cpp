@@ -166,6 +166,41 @@ TEST(ValidateActivation, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
   expect_rejected(b, "act_backward: gather_rows is fused into act_forward only");
 }
 
+TEST(ValidateActivation, HalvesLayoutRules) {
+  using cute_moe::GateLinear;
+  cute_moe::ActForwardArgs f;
+  f.gemm = valid_m();  // n = 2880 = 2I
+  f.h = fake(0x70000);
+  f.ldh = f.gemm.n / 2;
+  f.gate_linear = GateLinear::kHalves;
+  expect_rejected(f, "gate_linear kHalves needs W k-contiguous (w_stride_k == 1");
+  f.gemm.w_stride_k = 1;  // the transposed view of an (E, 2I, H) tensor: read in place
+  f.gemm.w_stride_n = f.gemm.k;
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+  f.act.activation = cute_moe::Activation::kSrelu;
+  f.act.has_limit = false;
+  f.ldh = f.gemm.n;
+  expect_rejected(f, "gate_linear kHalves needs a gated activation, got srelu");
+
+  cute_moe::ActBackwardArgs b;
+  b.gemm = valid_m();  // W_down^T (E, H, I) n-contiguous, n = I
+  b.pre = fake(0x80000);
+  b.ldpre = 2 * b.gemm.n;
+  b.dpre = fake(0x90000);
+  b.lddpre = 2 * b.gemm.n;
+  b.dpre_layout = GateLinear::kHalves;
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b.gemm.w_stride_k = 1;
+  b.gemm.w_stride_n = b.gemm.k;
+  expect_rejected(b, "dpre_layout kHalves needs W n-contiguous (w_stride_n == 1), got w_stride_n=1440");
+  b.gemm.w_stride_k = b.gemm.n;
+  b.gemm.w_stride_n = 1;
+  b.act.activation = cute_moe::Activation::kIdentity;
+  b.act.has_limit = false;
+  b.ldpre = b.lddpre = b.gemm.n;
+  expect_rejected(b, "dpre_layout kHalves needs a gated activation, got none");
+}
+
 TEST(StatusNames, AreReadable) {
   EXPECT_STREQ(cute_moe::status_name(Status::kInvalidArgument), "invalid argument");
   EXPECT_STREQ(cute_moe::dtype_name(cute_moe::DType::kF32), "float32");

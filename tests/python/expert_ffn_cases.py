@@ -83,3 +83,49 @@ def check_block(leaves, offs, activation, layout="kn", tol=1e-2):
     bad = {k: v for k, v in errors.items() if not v <= tol}
     assert not bad, f"{activation}: relative errors above {tol}: {bad}"
     return errors
+
+
+def check_halves_block(leaves, offs, activation, up_storage, down_storage, tol=1e-2):
+    """expert_ffn with gate_linear="halves" on the [gate | linear] copies of the block's
+    (interleaved, "kn") w_up and b_up, against the fp32 reference of the interleaved block:
+    the same function, so the output must match and every gradient must be the reference's,
+    the up projection's mapped into halves. up_storage / down_storage: "kn" passes the
+    (E, H, 2I) / (E, I, H) tensors, "nk" transposed views of (E, 2I, H) / (E, H, I) ones
+    (HF transformers' Qwen3-MoE / Mixtral storage)."""
+    import cute_moe
+    from cute_moe.repack import interleaved_to_halves
+
+    def stored(w, storage):
+        w = w.detach()
+        w = w if storage == "kn" else w.transpose(-2, -1).contiguous()
+        return w.requires_grad_()
+
+    def view(w, storage):
+        return w if storage == "kn" else w.transpose(-2, -1)
+
+    halves = dict(leaves)
+    halves["w_up"] = stored(interleaved_to_halves(leaves["w_up"].detach(), -1), up_storage)
+    halves["w_down"] = stored(leaves["w_down"], down_storage)
+    if "b_up" in leaves:
+        halves["b_up"] = interleaved_to_halves(leaves["b_up"].detach(), -1).requires_grad_()
+    out = cute_moe.expert_ffn(leaves["x"], view(halves["w_up"], up_storage),
+                              view(halves["w_down"], down_storage), offs, halves.get("b_up"),
+                              leaves.get("b_down"), activation=activation,
+                              prob=leaves.get("prob"), scale_up=leaves.get("scale_up"),
+                              scale_down=leaves.get("scale_down"), gate_linear="halves")
+    expect = run_ref(leaves, offs, activation)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out.device, BF16)
+    names = list(leaves)
+    grads = dict(zip(names, torch.autograd.grad(out, [halves[k] for k in names], dy)))
+    want = dict(zip(names, torch.autograd.grad(expect, [leaves[k] for k in names], dy.float())))
+    want["w_up"] = interleaved_to_halves(want["w_up"], -1)
+    grads["w_up"] = view(grads["w_up"], up_storage)
+    if "b_up" in want:
+        want["b_up"] = interleaved_to_halves(want["b_up"], -1)
+    grads["w_down"] = view(grads["w_down"], down_storage)
+    errors = {"out": testing.rel_error(out, expect)}
+    errors.update({f"d{k}": testing.rel_error(grads[k], want[k]) for k in names})
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{activation} halves ({up_storage}, {down_storage}): relative errors " \
+                    f"above {tol}: {bad}"
+    return errors

@@ -9,7 +9,7 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import ACTIVATIONS, check_block, make_block, run_ours
+from expert_ffn_cases import ACTIVATIONS, check_block, check_halves_block, make_block, run_ours
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -99,8 +99,8 @@ def test_schemas():
     ops = torch.ops.cute_moe
     assert str(ops.grouped_mm_act.default._schema) == (
         "cute_moe::grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
-        "Tensor? scale=None, str activation=\"swiglu_oai\", float alpha=1.702, float? limit=None) "
-        "-> (Tensor, Tensor)")
+        "Tensor? scale=None, str activation=\"swiglu_oai\", float alpha=1.702, float? limit=None, "
+        "str gate_linear=\"interleaved\") -> (Tensor, Tensor)")
     assert str(ops.grouped_mm_scaled.default._schema) == (
         "cute_moe::grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
         "Tensor? scale=None, Tensor? prob=None) -> Tensor")
@@ -142,3 +142,21 @@ def test_down_projection_backward_runs_the_fused_op(activation, prob, calls):
     with testing.OpLog() as log:
         torch.autograd.grad(out.float().sum(), list(leaves.values()))
     assert log.calls[:len(calls)] == calls, log.calls
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu"])
+@pytest.mark.parametrize("up_storage, down_storage", [("kn", "kn"), ("nk", "nk"), ("nk", "kn")])
+def test_halves_layout_is_the_same_function(activation, up_storage, down_storage):
+    leaves, offs = make_block(80, 32, 16, 6, activation, bias=True, prob=True, scale=True,
+                              routing="empty")
+    check_halves_block(leaves, offs, activation, up_storage, down_storage)
+
+
+def test_halves_layout_needs_a_gated_activation():
+    leaves, offs = make_block(32, 16, 8, 2, "srelu", bias=False, prob=False, scale=False)
+    with pytest.raises(ValueError, match="gate_linear"):
+        cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs,
+                            activation="srelu", gate_linear="halves")
+    with pytest.raises(ValueError, match="gate_linear"):
+        cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs,
+                            activation="srelu", gate_linear="pairs")

@@ -10,7 +10,7 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import ACTIVATIONS, BF16, check_block, make_block, run_ours
+from expert_ffn_cases import ACTIVATIONS, BF16, check_block, check_halves_block, make_block, run_ours
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -97,3 +97,61 @@ def test_no_host_sync(activation):
         torch.autograd.grad(out.float().sum(), list(leaves.values()))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu"])
+@pytest.mark.parametrize("up_storage, down_storage, routing",
+                         [("nk", "nk", "empty"), ("nk", "nk", "skewed"), ("kn", "kn", "empty"),
+                          ("nk", "kn", "single"), ("kn", "nk", "skewed")])
+def test_halves_layout_is_the_same_function(activation, up_storage, down_storage, routing):
+    # inter 200: the last tile column of either layout's 128- or 192-wide tiles is partial
+    leaves, offs = make_block(900, 256, 200, 6, activation, bias=True, prob=True, scale=True,
+                              routing=routing, device="cuda", padding=29, seed=17)
+    check_halves_block(leaves, offs, activation, up_storage, down_storage)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "geglu"])
+def test_halves_kernels_give_the_interleaved_bits(activation):
+    """The halves kernels read the weights in place (W_up as the transposed view of an
+    (E, 2I, H) tensor, W_down^T n-contiguous) and compute exactly what the interleaved
+    kernels compute on the repacked weights: the same tiles reach the MMA."""
+    from cute_moe.repack import interleaved_to_halves
+    leaves, offs = make_block(1100, 256, 200, 7, activation, bias=True, prob=True, scale=True,
+                              routing="empty", device="cuda", padding=33, seed=19)
+    x, b_up = leaves["x"].detach(), leaves["b_up"].detach()
+    s_up, prob = leaves["scale_up"].detach(), leaves["prob"].detach()
+    w_inter = leaves["w_up"].detach().transpose(-2, -1).contiguous().transpose(-2, -1)
+    w_halves = interleaved_to_halves(leaves["w_up"].detach(), -1).transpose(-2, -1).contiguous()
+    ops = torch.ops.cute_moe
+    h, pre = ops.grouped_mm_act(x, w_inter, offs, b_up, s_up, activation, 1.702, None)
+    h2, pre2 = ops.grouped_mm_act(x, w_halves.transpose(-2, -1), offs,
+                                  interleaved_to_halves(b_up, -1), s_up, activation, 1.702, None,
+                                  "halves")
+    assert torch.equal(pre2, pre) and torch.equal(h2, h)
+    w_down_t = leaves["w_down"].detach().transpose(-2, -1).contiguous()  # (E, H, I): W_down^T
+    dy = torch.randn(x.shape[0], x.shape[1], device="cuda").to(BF16)
+    args = (dy, w_down_t, offs, pre, leaves["scale_down"].detach(), prob,
+            leaves["b_down"].detach(), True, activation, 1.702, None)
+    dpre, hp, dprob = ops.grouped_mm_act_bwd(*args)
+    dpre2, hp2, dprob2 = ops.grouped_mm_act_bwd(*args, "halves")
+    assert torch.equal(dpre2, interleaved_to_halves(dpre, -1))
+    assert torch.equal(hp2, hp) and torch.equal(dprob2, dprob)
+
+
+def test_halves_output_poisoned_first():
+    """Every element of the halves dpre is written (padding rows zero), the dlinear half
+    included, which the epilogue stores itself."""
+    leaves, offs = make_block(700, 128, 136, 5, "swiglu", bias=False, prob=False, scale=False,
+                              routing="empty", device="cuda", padding=21, seed=23)
+    x = leaves["x"].detach()
+    w_up = leaves["w_up"].detach()
+    _, pre = torch.ops.cute_moe.grouped_mm_act(x, w_up, offs, None, None, "swiglu")
+    dy = torch.randn(x.shape, device="cuda").to(BF16)
+    w_down_t = leaves["w_down"].detach().transpose(-2, -1).contiguous()
+    for _ in range(2):  # dpre reuses the caching allocator's block of `poison`
+        poison = torch.full((x.shape[0], 2 * 136), float("nan"), device="cuda", dtype=BF16)
+        del poison
+        dpre = torch.ops.cute_moe.grouped_mm_act_bwd(dy, w_down_t, offs, pre, None, None, None,
+                                                     False, "swiglu", 1.702, None, "halves")[0]
+        assert not torch.isnan(dpre).any()
+        assert torch.all(dpre[int(offs[-1]):] == 0)

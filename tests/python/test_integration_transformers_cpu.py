@@ -274,11 +274,14 @@ def test_experts_module_bf16_within_rounding_of_fp32_eager(arch):
 def test_model_bf16_as_close_to_fp32_as_grouped_mm(arch):
     """The whole bf16 model, routing pinned to fp32 "eager"'s, against it and against
     transformers' own bf16 "grouped_mm" (hf_models.assert_model_within_noise says why
-    that is the bar for the gradients)."""
-    m = hf.model(arch, hidden=64, inter=32, experts=8, vocab=128)
-    steps = hf.pinned_steps(m, hf.inputs(vocab=128, seq=32),
-                            [("cute_moe", BF16), ("grouped_mm", BF16)])
-    hf.assert_model_within_noise(steps, arch)
+    that is the bar for the gradients). Five model seeds: at DeepSeek-V3's tiny config one
+    seed of three put either implementation 2-3x further off than the other (router
+    gradients 37% vs 18% at seed 0, 6% vs 10% at seed 2), while its experts module gives
+    the same bits through either gate/linear layout."""
+    runs = [hf.pinned_steps(hf.model(arch, hidden=64, inter=32, experts=8, vocab=128, seed=seed),
+                            hf.inputs(vocab=128, seq=32), [("cute_moe", BF16), ("grouped_mm", BF16)])
+            for seed in range(5)]
+    hf.assert_model_within_noise(runs, arch)
 
 
 def test_adamw_losses_track_grouped_mm_bf16():

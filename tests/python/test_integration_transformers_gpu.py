@@ -61,18 +61,18 @@ def test_experts_module_within_bf16_rounding_of_fp32_eager(arch):
 
 @pytest.mark.parametrize("arch", hf.ARCHS)
 def test_runs_the_kernels(arch):
-    """The plan takes the kernels, and the forward dispatches the cute_moe ops of its
-    route: the fused up projection, or two grouped GEMMs (halves)."""
+    """The plan takes the kernels, and the forward dispatches the fused ops, the up
+    projection reading the module's gate/linear layout (its last argument)."""
     ex = _experts(arch)
     hidden, index, weights, _ = hf.experts_inputs(ex)
     with testing.OpLog() as log:
         cmt.experts_forward(ex, hidden.to(BF16), index, weights.to(BF16))
     plan = ex._cute_moe_plan
     assert plan.kernels and plan.route == hf.ROUTES[arch]
-    if plan.route == "fused":
-        assert "grouped_mm_act" in log.calls and "grouped_mm_scaled" in log.calls, log.calls
-    else:
-        assert log.calls.count("grouped_mm") == 2, log.calls
+    assert "grouped_mm_act" in log.calls and "grouped_mm_scaled" in log.calls, log.calls
+    up_args, _ = log.args[log.calls.index("grouped_mm_act")]
+    gate_linear = up_args[8] if len(up_args) > 8 else "interleaved"  # dispatch drops defaults
+    assert gate_linear == ("halves" if plan.route == "halves" else "interleaved"), up_args
     assert "gather_rows" in log.calls and "gather_sum_rows" in log.calls, log.calls
 
 

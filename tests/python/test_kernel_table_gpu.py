@@ -28,7 +28,8 @@ SIZES = [400, 0, 251, 300, 149]
 ALPHA = 1.702
 
 CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
-         "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol")
+         "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol",
+         "act_backward_halves")
 
 
 def _row_id(row: str) -> str:
@@ -85,20 +86,30 @@ def _run(call, act, g, offs):
             x = _randn(g, M + PAD, K)
             h, pre = ops.grouped_mm_act(x, w, offs, bias, scale, act, ALPHA, limit)
             want_h, want_pre = ref.grouped_mm_act_ref(x, w, offs, bias, scale, act, ALPHA, limit)
+            if call.endswith("bcol") and act in ref.GATED_ACTIVATIONS:
+                # the same kernel reads [gate | linear] halves of W and the bias in place
+                _check("pre", pre, want_pre)
+                _check("h", h, want_h)
+                w, bias = _weight(g, K, N, True), _randn(g, E, N, s=0.5)
+                h, pre = ops.grouped_mm_act(x, w, offs, bias, scale, act, ALPHA, limit, "halves")
+                want_h, want_pre = ref.grouped_mm_act_ref(x, w, offs, bias, scale, act, ALPHA,
+                                                          limit, "halves")
         _check("pre", pre, want_pre)
         _check("h", h, want_h)
     else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
         gated = act in ref.GATED_ACTIVATIONS
         inter = N // 2 if gated else N
-        w = _weight(g, K, inter, call.endswith("bcol"))
+        w = _weight(g, K, inter, call.endswith("bcol"))  # halves: n-contiguous
+        layout = "halves" if call.endswith("halves") else "interleaved"
         dy = _randn(g, M + PAD, K)
         pre = _randn(g, M + PAD, 2 * inter if gated else inter, s=3.0)
         scale = torch.rand(E, device="cuda", generator=g) + 0.5
         prob = torch.rand(M + PAD, device="cuda", generator=g)
         out_bias = _randn(g, E, K, s=0.5)
         dpre, hp, dprob = ops.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA,
-                                                 limit)
-        want = ref.grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA, limit)
+                                                 limit, layout)
+        want = ref.grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA, limit,
+                                          layout)
         for name, a, b in zip(("dpre", "hp", "dprob"), (dpre, hp, dprob), want):
             _check(name, a, b)
 

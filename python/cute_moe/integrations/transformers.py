@@ -27,10 +27,7 @@ from transformers.integrations.moe import ExpertsInterface
 from .. import _library
 from ..activations import DEFAULT_ALPHA
 from ..expert_ffn import expert_ffn
-from ..functional import grouped_mm
 from ..nn.dispatch import permute, sort_by_expert, unpermute
-from ..reference.activation import glu_halves_ref
-from ..reference.gemm import grouped_mm_ref
 from ..reference.moe import experts_ref
 
 __all__ = ["NAME", "UnsupportedExpertsError", "register", "prepare", "experts_forward"]
@@ -55,7 +52,8 @@ def register() -> None:
 
 class _Plan(NamedTuple):
     """How one experts module runs, worked out once (see _plan)."""
-    route: str              # "fused" (cute_moe.expert_ffn) or "halves" (_halves_expert_ffn)
+    route: str              # "fused" (interleaved gate/linear columns, or not gated) or
+                            # "halves" ([gate | linear]); both run cute_moe.expert_ffn
     activation: str         # a name of cute_moe/activations.py
     alpha: float
     limit: float | None
@@ -85,50 +83,26 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         w_up, w_down = w_up.transpose(-2, -1), w_down.transpose(-2, -1)
     b_up = getattr(self, plan.up + "_bias") if plan.bias else None
     b_down = self.down_proj_bias if plan.bias else None
-    fused = plan.route == "fused"
     # Sentinel ids sort past every real expert, so they land past offs[-1]: padding rows,
     # which the grouped GEMMs leave zero (and whose router weight gets zero gradient).
-    d = sort_by_expert(top_k_index, self.num_experts, top_k_weights if fused else None)
+    d = sort_by_expert(top_k_index, self.num_experts, top_k_weights)
     x = permute(hidden_states.to(plan.dtype), d)
-    if fused:  # the router weight goes into the down projection's epilogue
-        y = _fused_expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, d.prob, plan)
-        out = unpermute(y, d)
-    else:  # the router weight goes into the combine
-        y = _halves_expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, plan)
-        out = unpermute(y, d, top_k_weights)
-    return out.to(hidden_states.dtype)
+    # the router weight goes into the down projection's epilogue
+    y = _expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, d.prob, plan)
+    return unpermute(y, d).to(hidden_states.dtype)
 
 
-def _fused_expert_ffn(x, w_up, w_down, offs, b_up, b_down, prob, plan: _Plan):
-    """The whole expert block in two fused grouped GEMMs: w_up (E, H, 2I) interleaved gate
-    and linear columns (GPT-OSS's own layout) or (E, H, I) non-gated, as stored or as a
-    transposed view."""
+def _expert_ffn(x, w_up, w_down, offs, b_up, b_down, prob, plan: _Plan):
+    """The whole expert block in two fused grouped GEMMs: w_up (E, H, 2I) with the gate and
+    linear columns interleaved (GPT-OSS) or as [gate | linear] halves (plan.route), or
+    (E, H, I) non-gated, as stored or as a transposed view."""
+    gate_linear = "halves" if plan.route == "halves" else "interleaved"
     if plan.kernels:
         return expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=plan.activation,
-                          prob=prob, swiglu_alpha=plan.alpha, limit=plan.limit)
+                          prob=prob, swiglu_alpha=plan.alpha, limit=plan.limit,
+                          gate_linear=gate_linear)
     return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob, activation=plan.activation,
-                       alpha=plan.alpha, limit=plan.limit, impl="loop")
-
-
-def _halves_expert_ffn(x, w_up, w_down, offs, b_up, b_down, plan: _Plan):
-    """INTERIM route of the [gate | linear] halves layout (Qwen3-MoE, Mixtral, DeepSeek-V3:
-    gate_up_proj (E, 2I, H) read through its transposed view), until the fused kernels take
-    halves; then this function gives way to expert_ffn. Unfused: a grouped GEMM to the
-    (M, 2I) pre-activation, the activation in PyTorch on its two halves (slices of pre,
-    never of the weights: no per-call copy of a weight), a grouped GEMM down. The router
-    weight is applied by the caller's combine. Rows past offs[-1] come out zero."""
-    if plan.kernels:
-        def mm(a, w, bias):
-            return grouped_mm(a, w, offs, bias)
-    else:
-        compute = torch.promote_types(x.dtype, torch.float32)
-
-        def mm(a, w, bias):
-            return grouped_mm_ref(a, w, offs, bias, compute_dtype=compute)
-    pre = mm(x, w_up, b_up)
-    gate, linear = pre.chunk(2, dim=-1)
-    h = glu_halves_ref(gate, linear, plan.activation, plan.alpha, plan.limit).to(x.dtype)
-    return mm(h, w_down, b_down)
+                       alpha=plan.alpha, limit=plan.limit, impl="loop", gate_linear=gate_linear)
 
 
 # --- the plan: route, activation and backend of one module, worked out once ------------

@@ -8,13 +8,13 @@ import torch
 
 from .. import _library
 from ..activation_args import check_act_params, check_activation, is_gated
-from ..reference.glu import (grouped_mm_act_bwd_ref, grouped_mm_act_gathered_ref,
+from ..reference.glu import (GATE_LINEAR, grouped_mm_act_bwd_ref, grouped_mm_act_gathered_ref,
                              grouped_mm_act_ref, grouped_mm_swiglu_bwd_ref, grouped_mm_swiglu_ref)
 from .checks import check_same_device, check_scales, check_tensor, fail, unit_columns
 from .gemm import check_grouped_mm_args
 from .registry import register_kernels
 
-__all__ = ["check_gated_width", "check_grouped_mm_swiglu_args", "check_pre_args",
+__all__ = ["check_gate_linear", "check_gated_width", "check_grouped_mm_swiglu_args", "check_pre_args",
            "check_grouped_mm_swiglu_bwd_args", "check_grouped_mm_act_args",
            "check_grouped_mm_act_gathered_args", "check_grouped_mm_act_bwd_args"]
 
@@ -55,9 +55,18 @@ def check_grouped_mm_swiglu_bwd_args(dy, w, offs, pre, alpha, limit,
     check_act_params(alpha, limit, op)
 
 
+def check_gate_linear(op: str, gate_linear, activation: str) -> None:
+    if gate_linear not in GATE_LINEAR:
+        fail(op, "gate_linear", " or ".join(repr(g) for g in GATE_LINEAR), repr(gate_linear))
+    if gate_linear == "halves" and not is_gated(activation):
+        fail(op, "gate_linear", "'interleaved' for a non-gated activation (no gate/linear pairs)",
+             f"'halves' with {activation!r}")
+
+
 def check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
-                              op: str = "grouped_mm_act") -> None:
+                              op: str = "grouped_mm_act", gate_linear: str = "interleaved") -> None:
     check_activation(activation, limit, op)
+    check_gate_linear(op, gate_linear, activation)
     if activation == "none":
         fail(op, "activation", "a fused activation (not 'none': use grouped_mm_scaled)",
              repr(activation))
@@ -83,8 +92,10 @@ def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation
 
 def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
                                   activation, alpha, limit,
-                                  op: str = "grouped_mm_act_bwd") -> None:
+                                  op: str = "grouped_mm_act_bwd",
+                                  gate_linear: str = "interleaved") -> None:
     check_activation(activation, limit, op)
+    check_gate_linear(op, gate_linear, activation)
     check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
     width = 2 * w.shape[2] if is_gated(activation) else w.shape[2]
     check_tensor(op, "pre", pre, 2, torch.bfloat16)
@@ -114,15 +125,17 @@ def _h_width(activation: str, n: int) -> int:
     return n // 2 if is_gated(activation) else n
 
 
-def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit):
-    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
+def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
+                              gate_linear=gate_linear)
     n = w.shape[2]
     return x.new_empty(x.shape[0], _h_width(activation, n)), x.new_empty(x.shape[0], n)
 
 
-def _cpu_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit):
-    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit)
-    return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit)
+def _cpu_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear):
+    check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
+                              gate_linear=gate_linear)
+    return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit, gate_linear)
 
 
 def _fake_grouped_mm_act_gathered(x, rows, w, offs, bias, scale, activation, alpha, limit):
@@ -137,20 +150,20 @@ def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias, scale, activation, alph
 
 
 def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                             alpha, limit):
+                             alpha, limit, gate_linear):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
-                                  activation, alpha, limit)
+                                  activation, alpha, limit, gate_linear=gate_linear)
     m = dy.shape[0]
     return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
             dy.new_empty(m if prob_grad else 0, dtype=torch.float32))
 
 
 def _cpu_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                            alpha, limit):
+                            alpha, limit, gate_linear):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
-                                  activation, alpha, limit)
+                                  activation, alpha, limit, gate_linear=gate_linear)
     return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
-                                  activation, alpha, limit)
+                                  activation, alpha, limit, gate_linear)
 
 
 def _fake_grouped_mm_swiglu(x, w, offs, bias, alpha, limit):

@@ -7,12 +7,26 @@ import torch
 
 from ..activation_args import default_limit
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from ..repack import halves_to_interleaved, interleaved_to_halves
 from .activation import act_bwd_ref, act_ref, swiglu_oai_bwd_ref, swiglu_oai_ref
 from .gemm import grouped_mm_ref, grouped_mm_scaled_ref
 from .groups import per_row, zero_padding
 
-__all__ = ["grouped_mm_swiglu_ref", "grouped_mm_swiglu_bwd_ref", "grouped_mm_act_ref",
-           "grouped_mm_act_gathered_ref", "grouped_mm_act_bwd_ref"]
+__all__ = ["GATE_LINEAR", "as_interleaved", "as_gate_linear", "grouped_mm_swiglu_ref",
+           "grouped_mm_swiglu_bwd_ref", "grouped_mm_act_ref", "grouped_mm_act_gathered_ref",
+           "grouped_mm_act_bwd_ref"]
+
+GATE_LINEAR = ("interleaved", "halves")  # where a gated up projection's (gate, linear) columns sit
+
+
+def as_interleaved(t: torch.Tensor | None, gate_linear: str) -> torch.Tensor | None:
+    """t (its last dimension the 2I columns in the gate_linear layout) interleaved."""
+    return t if t is None or gate_linear == "interleaved" else halves_to_interleaved(t, -1)
+
+
+def as_gate_linear(t: torch.Tensor, gate_linear: str) -> torch.Tensor:
+    """The inverse of as_interleaved: interleaved t in the gate_linear layout."""
+    return t if gate_linear == "interleaved" else interleaved_to_halves(t, -1)
 
 
 def grouped_mm_swiglu_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
@@ -44,11 +58,14 @@ def grouped_mm_swiglu_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Ten
 def grouped_mm_act_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                        bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
                        activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
-                       limit: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       limit: float | None = None, gate_linear: str = "interleaved"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """cute_moe::grouped_mm_act: pre = round(scale[e] * (x[rows_e] @ w[e]) + bias[e]),
     h = round(act(pre)) from the rounded pre; padding rows zero in both. Returns (h, pre)
-    in x's dtype. Differentiable."""
-    pre = grouped_mm_scaled_ref(x, w, offs, bias, scale)
+    in x's dtype. gate_linear "halves": w's and bias's 2I columns are [gate | linear]; pre
+    comes out interleaved all the same. Differentiable."""
+    pre = grouped_mm_scaled_ref(x, as_interleaved(w, gate_linear), offs, as_interleaved(bias, gate_linear),
+                                scale)
     return zero_padding(act_ref(pre, activation, alpha, limit).to(x.dtype), offs), pre
 
 
@@ -67,12 +84,13 @@ def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
                            prob: torch.Tensor | None = None,
                            out_bias: torch.Tensor | None = None, prob_grad: bool = False,
                            activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
-                           limit: float | None = None):
+                           limit: float | None = None, gate_linear: str = "interleaved"):
     """cute_moe::grouped_mm_act_bwd. With u = dy[rows_e] @ w[e] (float32, w = W_down[e]^T),
     s = scale[e], p = prob[r] (1 where absent): dh = p * s * u, dpre = round(act'(pre) dh),
     hp = round(p * act(pre)), and with prob_grad dprob = sum_j act(pre) * s * u + sum_n
     dy * out_bias[e] (float32). Padding rows zero. Returns (dpre, hp, dprob) (dprob empty
-    without prob_grad)."""
+    without prob_grad). pre is interleaved; gate_linear "halves" returns dpre as
+    [dgate | dlinear]."""
     m = dy.shape[0]
     u = grouped_mm_ref(dy, w, offs, out_dtype=torch.float32)
     if scale is not None:
@@ -89,5 +107,5 @@ def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
             bias = per_row(out_bias, offs, m, torch.float32)
             dprob = dprob + (dy.to(torch.float32) * bias).sum(-1)
         dprob = zero_padding(dprob, offs)
-    return zero_padding(dpre, offs), zero_padding(hp, offs), dprob
+    return zero_padding(as_gate_linear(dpre, gate_linear), offs), zero_padding(hp, offs), dprob
 

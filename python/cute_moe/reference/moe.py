@@ -16,6 +16,7 @@ from torch import nn
 from ..activation_args import LIMIT_DEFAULT, check_activation, resolve_limit, up_width
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .activation import activation_ref
+from .glu import as_interleaved
 
 __all__ = ["experts_ref", "route_ref", "ReferenceMoE"]
 
@@ -35,10 +36,12 @@ def experts_ref(x: torch.Tensor, offs: torch.Tensor, w_up: torch.Tensor, w_down:
                 b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
                 prob: torch.Tensor | None = None, *, activation: str = DEFAULT_ACTIVATION,
                 alpha: float = DEFAULT_ALPHA, limit: float | None = None,
-                impl: str = "loop") -> torch.Tensor:
+                impl: str = "loop", gate_linear: str = "interleaved") -> torch.Tensor:
     """y[r] = prob[r] * (act(x[r] @ w_up[e] + b_up[e]) @ w_down[e] + b_down[e]) for the
     rows r of expert e (sorted, offs cumulative end offsets); rows past offs[-1] zero.
-    w_up (E, H, 2I or I), w_down (E, I, H), or transposed views. Differentiable.
+    w_up (E, H, 2I or I), w_down (E, I, H), or transposed views; gate_linear: the layout
+    of w_up's and b_up's gate and linear columns ("interleaved" or "halves"; the weights
+    are read as they are, pre is reordered). Differentiable.
       impl "loop": one matmul per expert in x's dtype (reads offs on the host; any dtype
         and device).
       impl "grouped_mm": torchtitan's block: torch._grouped_mm, biases gathered per row,
@@ -53,7 +56,7 @@ def experts_ref(x: torch.Tensor, offs: torch.Tensor, w_up: torch.Tensor, w_down:
             pre = x[s:t] @ w_up[e]
             if b_up is not None:
                 pre = pre + b_up[e]
-            y = activation_ref(pre, activation, alpha, limit) @ w_down[e]
+            y = activation_ref(as_interleaved(pre, gate_linear), activation, alpha, limit) @ w_down[e]
             pieces.append(y + b_down[e] if b_down is not None else y)
         pieces.append(x.new_zeros(x.shape[0] - start, w_down.shape[-1]))
         y = torch.cat(pieces)
@@ -63,7 +66,7 @@ def experts_ref(x: torch.Tensor, offs: torch.Tensor, w_up: torch.Tensor, w_down:
         pre = torch._grouped_mm(x, w_up, offs=offs)
         if b_up is not None:
             pre = pre + torch.cat([b_up, b_up.new_zeros(1, b_up.shape[1])])[row_expert]
-        h = activation_ref(pre, activation, alpha, limit)
+        h = activation_ref(as_interleaved(pre, gate_linear), activation, alpha, limit)
         y = torch._grouped_mm(h, w_down, offs=offs)
         if b_down is not None:
             y = y + torch.cat([b_down, b_down.new_zeros(1, b_down.shape[1])])[row_expert]

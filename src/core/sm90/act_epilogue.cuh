@@ -9,26 +9,30 @@
 //   ActForwardAux  up-projection: its input is pre = scale * acc + bias (fp32). It rounds
 //                  pre to bf16 exactly as the D store will, computes h = act(pre) from the
 //                  rounded values (gated: one h per (gate, linear) pair, width n/2; else
-//                  one per column, width n), stores h straight to global memory, and
-//                  passes pre on unchanged, so the collective stores pre as D.
+//                  one per column, width n), writes h through smem and a TMA store of its
+//                  own (ragged_tma_store.cuh), and passes pre on unchanged, so the
+//                  collective stores pre as D.
 //   ActBackward    down-projection input gradient: its inputs are acc = dy @ W_down^T
 //                  (fp32), the forward's pre loaded by the collective's TMA source
 //                  pipeline as the C operand (gated: 32-bit packed (gate, linear) words,
 //                  one per column of acc; else bf16), and the row scale p (router
 //                  probability, 1 without). With s = scale[group] * acc, dh = p * s; it
 //                  returns dpre = dh * act'(pre), packed like pre, so the collective's TMA
-//                  store writes it as D, and stores p * h (h = act(pre) recomputed, the
-//                  forward's bit for bit) straight to global memory as the aux output.
+//                  store writes it as D, and writes p * h (h = act(pre) recomputed, the
+//                  forward's bit for bit) through smem and a TMA store of its own
+//                  (ragged_tma_store.cuh).
 //                  It also sums h * s over each row's columns in the tile: the tile's part
 //                  of dp = dy . (scale * h @ W_down) (the gradient of p, without the bias
 //                  term); one partial per (row, tile column), summed in order later.
 //                  NOTE: the first version stored dpre directly and h as D; the direct
 //                  8-byte stores of the wide output made the kernel latency bound (3.5x a
-//                  plain GEMM, ncu: long-scoreboard stalls on the store registers).
+//                  plain GEMM, ncu: long-scoreboard stalls on the store registers); the
+//                  second stored p * h directly (4-byte stores).
+//                  kHalvesOut: dpre in [dgate | dlinear] halves instead; D is dgate (bf16)
+//                  and dlinear a second TMA-stored output, n columns past it.
 //
-// The aux output of group l is at ptr_aux[l] with row stride ld_aux[l] elements (per-group
-// arrays built on the device by group_setup.cu). Elements outside the group's problem
-// (tile residue) are neither read nor written.
+// The TMA-stored outputs are whole matrices whose descriptors clip each tile at its
+// group's rows and the matrix's columns: nothing outside the group's problem is written.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,50 +43,27 @@
 
 #include "activations.h"
 #include "epilogue_nodes.cuh"
+#include "ragged_tma_store.cuh"
 
 namespace cute_moe::detail {
 
 namespace act_epilogue {
 
 struct ForwardArguments {
-  void* const* ptr_aux = nullptr;
-  int64_t const* ld_aux = nullptr;
   ActParams act = {};
+  OutputMatrix h;                  // (rows, n / 2) gated, else (rows, n)
+  const int32_t* offs = nullptr;   // device: cumulative end rows per group
 };
 
 struct BackwardArguments {
-  void* const* ptr_aux = nullptr;
-  int64_t const* ld_aux = nullptr;
   ActParams act = {};
   const float* group_scale = nullptr;    // (num_groups,) or null for 1
   float* const* ptr_partial = nullptr;   // per group, or null: no row-scale gradient
   int64_t partial_stride = 0;            // floats between tile columns
+  OutputMatrix hp;                       // p * h, (rows, n)
+  OutputMatrix dlinear;                  // kHalvesOut: the dlinear half of dpre, (rows, n)
+  const int32_t* offs = nullptr;         // device: cumulative end rows per group
 };
-
-// Where this thread's elements live. NOTE: tCcD holds coordinates relative to the
-// thread's FIRST element (not to the tile origin), and residue_tCcD = (M, N) minus that
-// element's absolute coordinate; so that element sits at (M, N) - residue.
-template <class CTensor, class Residue, class ElementAux>
-struct ThreadView {
-  CTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
-  Residue residue;
-  ElementAux* aux;  // the aux element of the thread's first (m, n)
-  int64_t ld;
-};
-
-// kAuxPerPair: aux columns per pair of output columns (1 for a gated forward's h, else 2).
-// The first element's column is even (each thread owns whole column pairs).
-template <class ElementAux, int kAuxPerPair, class Args>
-CUTLASS_DEVICE auto make_thread_view(Args const& args, void* const* ptr_aux, int64_t const* ld_aux) {
-  auto [M, N, K, L] = args.problem_shape_mnkl;
-  const int l = cute::get<3>(args.tile_coord_mnkl);
-  const int64_t m_first = int64_t(M) - cute::get<0>(args.residue_tCcD);
-  const int64_t n_first = int64_t(N) - cute::get<1>(args.residue_tCcD);
-  const int64_t ld = ld_aux[l];
-  ElementAux* first = static_cast<ElementAux*>(ptr_aux[l]) + m_first * ld + (n_first / 2) * kAuxPerPair;
-  return ThreadView<decltype(args.tCcD), decltype(args.residue_tCcD), ElementAux>{args.tCcD, args.residue_tCcD, first,
-                                                                                  ld};
-}
 
 CUTLASS_DEVICE uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(cutlass::bfloat16_t(lo).raw()) | (uint32_t(cutlass::bfloat16_t(hi).raw()) << 16);
@@ -90,86 +71,145 @@ CUTLASS_DEVICE uint32_t pack_bf16(float lo, float hi) {
 
 }  // namespace act_epilogue
 
-template <class Activation>
-struct Sm90ActForwardAux : SimpleNode<act_epilogue::ForwardArguments> {
+template <class Activation, class EpiTile, int kStages>
+struct Sm90ActForwardAux : NodeWithoutLoads {
   using ElementAux = cutlass::bfloat16_t;
-  Params params;
-
-  CUTLASS_HOST_DEVICE Sm90ActForwardAux() {}
-  CUTLASS_HOST_DEVICE Sm90ActForwardAux(Params const& p, SharedStorage const&) : params(p) {}
-
-  template <class View>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, ActParams act) : view(v), act(act) {}
-    View view;
+  // gated: one h per (gate, linear) pair of adjacent columns
+  using Store = RaggedTmaStore<ElementAux, EpiTile, kStages, Activation::kGated ? 1 : 2>;
+  using Arguments = act_epilogue::ForwardArguments;
+  struct SharedStorage {
+    typename Store::SharedStorage h;
+  };
+  struct Params {
     ActParams act;
+    typename Store::Params h;
+  };
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
+    return {a.act, Store::to_params(a.h, a.offs)};
+  }
+
+  // Params in place, not a copy: the TMA descriptor must stay in kernel parameter space.
+  Params const* params = nullptr;
+  SharedStorage* storage = nullptr;
+  CUTLASS_HOST_DEVICE Sm90ActForwardAux() {}
+  CUTLASS_HOST_DEVICE Sm90ActForwardAux(Params const& p, SharedStorage const& s)
+      : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
+
+  template <class HStore>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, HStore h_store) : act(act), h_store(h_store) {}
+    ActParams act;
+    HStore h_store;
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
-    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
                               cutlass::Array<ElementInput, FragmentSize> const& frg_pre) {
       static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
-      auto coords = view.tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; i += 2) {
-        auto c = coords(epi_v * FragmentSize + i);  // (m, n) from the first element, n even
-        if (cute::elem_less(c, view.residue)) {
-          // the values the D store will write
-          const float p0 = float(cutlass::bfloat16_t(frg_pre[i]));
-          const float p1 = float(cutlass::bfloat16_t(frg_pre[i + 1]));
-          if constexpr (Activation::kGated) {
-            view.aux[cute::get<0>(c) * view.ld + cute::get<1>(c) / 2] =
-                cutlass::bfloat16_t(Activation::forward(p0, p1, act));
-          } else {
-            *reinterpret_cast<uint32_t*>(view.aux + cute::get<0>(c) * view.ld + cute::get<1>(c)) =
-                act_epilogue::pack_bf16(Activation::forward(p0, act), Activation::forward(p1, act));
-          }
+      // h from the values the D store will write (pre rounded to bf16)
+      if constexpr (Activation::kGated) {
+        cutlass::Array<ElementAux, FragmentSize / 2> h;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; i += 2) {
+          h[i / 2] = ElementAux(Activation::forward(float(ElementAux(frg_pre[i])), float(ElementAux(frg_pre[i + 1])), act));
         }
+        h_store.template set<FragmentSize>(epi_v, h);
+      } else {
+        cutlass::Array<ElementAux, FragmentSize> h;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) h[i] = ElementAux(Activation::forward(float(ElementAux(frg_pre[i])), act));
+        h_store.template set<FragmentSize>(epi_v, h);
       }
       return frg_pre;
+    }
+
+    CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
+      if (issue_smem_store) h_store.to_smem(epi_m, epi_n, store_iteration);
+    }
+    CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
+      h_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
     }
   };
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = act_epilogue::make_thread_view<ElementAux, Activation::kGated ? 1 : 2>(args, params.ptr_aux,
-                                                                                       params.ld_aux);
-    return ConsumerStoreCallbacks<decltype(view)>(view, params.act);
+    auto h_store = Store::template tile<ReferenceSrc>(&params->h, storage->h, args);
+    return ConsumerStoreCallbacks<decltype(h_store)>(params->act, h_store);
   }
 };
 
-template <class Activation>
-struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
+template <class Activation, bool kHalvesOut, class EpiTile, int kStages>
+struct Sm90ActBackward : NodeWithoutLoads {
+  static_assert(!kHalvesOut || Activation::kGated, "halves: gated activations only");
   using ElementAux = cutlass::bfloat16_t;
-  Params params;
+  using Store = RaggedTmaStore<ElementAux, EpiTile, kStages>;
+  struct Absent {};
+  template <class T>
+  using IfHalves = std::conditional_t<kHalvesOut, T, Absent>;
 
+  using Arguments = act_epilogue::BackwardArguments;
+  struct SharedStorage {
+    typename Store::SharedStorage hp;
+    IfHalves<typename Store::SharedStorage> dlinear;
+  };
+  struct Params {
+    ActParams act;
+    const float* group_scale;
+    float* const* ptr_partial;
+    int64_t partial_stride;
+    typename Store::Params hp;
+    IfHalves<typename Store::Params> dlinear;
+  };
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
+    Params p{a.act, a.group_scale, a.ptr_partial, a.partial_stride, Store::to_params(a.hp, a.offs), {}};
+    if constexpr (kHalvesOut) p.dlinear = Store::to_params(a.dlinear, a.offs);
+    return p;
+  }
+
+  // Params in place, not a copy: the TMA descriptors must stay in kernel parameter space.
+  Params const* params = nullptr;
+  SharedStorage* storage = nullptr;
   CUTLASS_HOST_DEVICE Sm90ActBackward() {}
-  CUTLASS_HOST_DEVICE Sm90ActBackward(Params const& p, SharedStorage const&) : params(p) {}
+  CUTLASS_HOST_DEVICE Sm90ActBackward(Params const& p, SharedStorage const& s)
+      : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
 
   // kRowSlots: rows of the tile in steps of 8; a thread's rows sit 8 apart (WGMMA layout),
   // so slot (m - m_first) / 8 names each of its rows. The slot of an element is a
   // compile-time constant after unrolling, so the sums stay in registers.
-  template <class View, int kRowSlots>
+  template <class CTensor, class Residue, int kRowSlots, class HpStore, class DlinearStore>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(View v, ActParams act, float scale, float* partial, int64_t rows_left)
-        : view(v), act(act), scale(scale), partial(partial), rows_left(rows_left) {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tCcD, Residue residue, ActParams act, float scale, float* partial,
+                                          int64_t rows_left, HpStore hp_store, DlinearStore dlinear_store)
+        : tCcD(tCcD),
+          residue(residue),
+          act(act),
+          scale(scale),
+          partial(partial),
+          rows_left(rows_left),
+          hp_store(hp_store),
+          dlinear_store(dlinear_store) {
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kRowSlots; ++s) {
         row_sum[s] = 0.0f;
         touched[s] = false;
       }
     }
-    View view;
+    CTensor tCcD;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
+    Residue residue;   // (M, N) minus the first element's coordinates
     ActParams act;
     float scale;
     float* partial;     // this thread's first row's partial of this tile column, or null
     int64_t rows_left;  // rows of the group from the thread's first row on
+    HpStore hp_store;
+    DlinearStore dlinear_store;
     float row_sum[kRowSlots];
     bool touched[kRowSlots];
 
     // frg_acc = dy @ W^T (fp32); frg_pre: the forward's pre (gated: 32-bit words, each
     // the bf16 (gate, linear) pair of one column, gate in the low half); frg_p: the row
-    // scale. Returns dpre packed like pre.
+    // scale. Returns dpre packed like pre (kHalvesOut: dgate; dlinear goes to its store).
     template <typename ElementAccumulator, typename ElementDh, typename ElementPre, typename ElementP, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
                               cutlass::Array<ElementDh, FragmentSize> const& frg_acc,
@@ -177,12 +217,13 @@ struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
                               cutlass::Array<ElementP, FragmentSize> const& frg_p) {
       static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
       static_assert(!Activation::kGated || sizeof(ElementPre) == 4, "gated: pre must arrive as 32-bit words");
-      using ElementOut = std::conditional_t<Activation::kGated, uint32_t, cutlass::bfloat16_t>;
+      using ElementOut = std::conditional_t<Activation::kGated && !kHalvesOut, uint32_t, cutlass::bfloat16_t>;
       cutlass::Array<ElementOut, FragmentSize> dpre;
-      auto coords = view.tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
+      cutlass::Array<ElementAux, FragmentSize> hp;
+      cutlass::Array<ElementAux, FragmentSize> dlin;  // kHalvesOut
+      auto coords = tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += 2) {
-        float hp[2];
         float hs = 0.0f;  // h * s over the pair
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 2; ++j) {
@@ -194,18 +235,23 @@ struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
             float dgate, dlinear;
             h = Activation::backward(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u), p * s, act,
                                      dgate, dlinear);
-            dpre[i + j] = act_epilogue::pack_bf16(dgate, dlinear);
+            if constexpr (kHalvesOut) {
+              dpre[i + j] = cutlass::bfloat16_t(dgate);
+              dlin[i + j] = cutlass::bfloat16_t(dlinear);
+            } else {
+              dpre[i + j] = act_epilogue::pack_bf16(dgate, dlinear);
+            }
           } else {
             float da;
             h = Activation::backward(float(frg_pre[i + j]), p * s, act, da);
             dpre[i + j] = cutlass::bfloat16_t(da);
           }
-          hp[j] = p * h;
+          hp[i + j] = cutlass::bfloat16_t(p * h);
           hs += h * s;
         }
         auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) from the first element
         const int slot = cute::get<0>(c) / 8;
-        const bool inside = cute::elem_less(c, view.residue);
+        const bool inside = cute::elem_less(c, residue);
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < kRowSlots; ++s) {
           if (s == slot) {
@@ -213,12 +259,22 @@ struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
             touched[s] = true;
           }
         }
-        if (inside) {
-          *reinterpret_cast<uint32_t*>(view.aux + cute::get<0>(c) * view.ld + cute::get<1>(c)) =
-              act_epilogue::pack_bf16(hp[0], hp[1]);
-        }
       }
+      hp_store.template set<FragmentSize>(epi_v, hp);
+      dlinear_store.template set<FragmentSize>(epi_v, dlin);
       return dpre;
+    }
+
+    CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
+      if (issue_smem_store) {
+        hp_store.to_smem(epi_m, epi_n, store_iteration);
+        dlinear_store.to_smem(epi_m, epi_n, store_iteration);
+      }
+    }
+
+    CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
+      hp_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
+      dlinear_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
     }
 
     // The quad's four threads hold the same rows: add their sums, one thread stores.
@@ -239,17 +295,25 @@ struct Sm90ActBackward : SimpleNode<act_epilogue::BackwardArguments> {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto view = act_epilogue::make_thread_view<ElementAux, 2>(args, params.ptr_aux, params.ld_aux);
     constexpr int kRowSlots = decltype(cute::size<0>(args.tile_shape_mnk))::value / 8;
     const int l = cute::get<3>(args.tile_coord_mnkl);
     const int64_t m_first = int64_t(cute::get<0>(args.problem_shape_mnkl)) - cute::get<0>(args.residue_tCcD);
     float* partial = nullptr;
-    if (params.ptr_partial != nullptr) {
-      partial = params.ptr_partial[l] + int64_t(cute::get<1>(args.tile_coord_mnkl)) * params.partial_stride + m_first;
+    if (params->ptr_partial != nullptr) {
+      partial = params->ptr_partial[l] + int64_t(cute::get<1>(args.tile_coord_mnkl)) * params->partial_stride + m_first;
     }
-    const float scale = params.group_scale != nullptr ? params.group_scale[l] : 1.0f;
-    return ConsumerStoreCallbacks<decltype(view), kRowSlots>(view, params.act, scale, partial,
-                                                             cute::get<0>(args.residue_tCcD));
+    const float scale = params->group_scale != nullptr ? params->group_scale[l] : 1.0f;
+    auto hp_store = Store::template tile<ReferenceSrc>(&params->hp, storage->hp, args);
+    auto dlinear_store = [&] {
+      if constexpr (kHalvesOut) {
+        return Store::template tile<ReferenceSrc>(&params->dlinear, storage->dlinear, args);
+      } else {
+        return NoTileStore{};
+      }
+    }();
+    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD), kRowSlots, decltype(hp_store),
+                                  decltype(dlinear_store)>(args.tCcD, args.residue_tCcD, params->act, scale, partial,
+                                                           cute::get<0>(args.residue_tCcD), hp_store, dlinear_store);
   }
 };
 

@@ -9,33 +9,40 @@
 
 namespace cute_moe::detail {
 
-// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre)
+// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre), TMA-stored
 template <class Activation>
 struct ActForwardEpilogue {
   using ElementC = void;
-  template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90ActForwardAux<Activation>, ScaledBiasTree<TileShape, float>>;
+  template <class TileShape, class ElementD, class EpiDesc>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      Sm90ActForwardAux<Activation, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>, ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {g.aux, g.ldaux, ctx.act}};
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.aux, ctx.whole.offs}};
   }
 };
 
 // C = pre (gated: packed (gate, linear) words); D = dpre = act'(pre) * row_scale * scale
-// * acc, packed like pre; aux = row_scale * act(pre); row-scale-gradient partials
-template <class Activation>
+// * acc, packed like pre (kHalvesOut: D = dgate, the dlinear half a second TMA-stored
+// output); aux = row_scale * act(pre), TMA-stored; row-scale-gradient partials
+template <class Activation, bool kHalvesOut = false>
 struct ActBackwardEpilogue {
   using ElementC = std::conditional_t<Activation::kGated, uint32_t, cutlass::bfloat16_t>;
-  template <class TileShape, class ElementD>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90ActBackward<Activation>, cutlass::epilogue::fusion::Sm90AccFetch,
-                                                  cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>,
-                                                  RowScaleCol<TileShape>>;
+  // CUTLASS takes 4 C stages (16 KB each at 128x32 words); p * h's (and dlinear's) smem
+  // buffers (16 KB each) come out of those rather than out of the mainloop's stages (at
+  // 128x192: 4 and 3 stages, as with CUTLASS's 4 C stages and no buffers of ours).
+  static constexpr int kStagesC = kHalvesOut ? 2 : 3;
+  template <class TileShape, class ElementD, class EpiDesc>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      Sm90ActBackward<Activation, kHalvesOut, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>,
+      cutlass::epilogue::fusion::Sm90AccFetch, cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>,
+      RowScaleCol<TileShape>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
     return {{},
             {},
             {reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
-            {g.aux, g.ldaux, ctx.act, g.group_scale, g.row_partial, g.row_partial_stride}};
+            {ctx.act, g.group_scale, g.row_partial, g.row_partial_stride, ctx.aux, ctx.aux2, ctx.whole.offs}};
   }
 };
 
@@ -44,11 +51,16 @@ using ActBwdOut = std::conditional_t<ActFunctor<A>::type::kGated, uint32_t, bf16
 
 template <Act A> struct VariantTraits<KernelVariant::ActFwd_BRow, A>
     : Traits<RowMajor, RowMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
+// k-contiguous W of a gated activation: B's (gate, linear) pairs loaded as adjacent rows
+// from either column layout (fixed_tma_mainloop.cuh, "paired B")
 template <Act A> struct VariantTraits<KernelVariant::ActFwd_BCol, A>
-    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
+    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>,
+             FixedTmaMainloopOf<false, ActFunctor<A>::type::kGated>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BRow, A>
     : Traits<RowMajor, RowMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BCol, A>
     : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
+template <Act A> struct VariantTraits<KernelVariant::ActBwdHalves_BRow, A>
+    : Traits<RowMajor, RowMajor, bf16, ActBackwardEpilogue<typename ActFunctor<A>::type, true>, FixedTmaMainloopOf<false>> {};
 
 }  // namespace cute_moe::detail

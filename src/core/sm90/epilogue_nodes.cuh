@@ -6,27 +6,17 @@
 
 namespace cute_moe::detail {
 
-// The interface members of a node with no shared memory and no producer loads, whose
-// Params are its Arguments.
-template <class Arguments_>
-struct SimpleNode {
-  struct SharedStorage {};
-  using Arguments = Arguments_;
-  using Params = Arguments_;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
+// The interface members of a node with no workspace and no producer loads.
+struct NodeWithoutLoads {
+  template <class ProblemShape, class Arguments>
   static bool can_implement(ProblemShape const&, Arguments const&) {
     return true;
   }
-  template <class ProblemShape>
+  template <class ProblemShape, class Arguments>
   static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
     return 0;
   }
-  template <class ProblemShape>
+  template <class ProblemShape, class Arguments>
   static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
                                               cutlass::CudaHostAdapter* = nullptr) {
     return cutlass::Status::kSuccess;
@@ -36,6 +26,19 @@ struct SimpleNode {
   template <class... Args>
   CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
     return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
+// ... and with no shared memory, its Params its Arguments.
+template <class Arguments_>
+struct SimpleNode : NodeWithoutLoads {
+  struct SharedStorage {};
+  using Arguments = Arguments_;
+  using Params = Arguments_;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
   }
 };
 

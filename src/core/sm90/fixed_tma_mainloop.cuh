@@ -26,6 +26,13 @@
 //              with BIG = 2^30, the last term is 2^65 bytes = 0 mod 2^64, and k >= len
 //              is past the extent BIG of the second mode: zero-filled.
 //
+// Paired B (the fused gated forward over a k-contiguous weight, kPairedB): the MMA wants
+// each (gate, linear) pair in adjacent B rows (the epilogue pairs adjacent accumulator
+// columns). The weight's N index is described as two modes, (member 2, feature N/2), with
+// the strides of its storage: interleaved (1, 2) or [gate | linear] halves (N/2, 1), in
+// units of ldb. One box of (BLK_K, 2, BLK_N/2) lands in shared memory as rows
+// 2 * feature + member: the same tile either way, so halves need no repack.
+//
 // The epilogue (D stores, C loads) is CUTLASS's, unchanged.
 #pragma once
 
@@ -53,7 +60,7 @@ constexpr int64_t kWrap = int64_t(1) << 34;          // kBig * kWrap elements of
 
 // `Base`: the collective CUTLASS's builder makes for the ptr-array TMA kernel. Its smem
 // layouts, pipeline and consumer (mma) are kept; its descriptors and loads are replaced.
-template <class Base, bool kRaggedK>
+template <class Base, bool kRaggedK, bool kPairedB = false>
 struct FixedTmaMainloop : Base {
   using typename Base::ElementA;
   using typename Base::ElementB;
@@ -73,6 +80,8 @@ struct FixedTmaMainloop : Base {
   using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
   static_assert(sizeof(InternalElementA) == 2 && sizeof(InternalElementB) == 2,
                 "fixed_tma::kWrap assumes 2-byte elements");
+  static_assert(!kPairedB || (!kRaggedK && cute::is_static<cute::tuple_element_t<1, InternalStrideB>>::value),
+                "paired B: ragged M with a k-contiguous weight only");
 
   // The group stride types keep their static unit stride; the rest become int64.
   template <class S>
@@ -85,7 +94,20 @@ struct FixedTmaMainloop : Base {
   // ragged M: A one batch (the ptr-array stride type, L stride 0), B batched by group;
   // ragged K: both with the two wraparound modes.
   using StrideAAll = std::conditional_t<kRaggedK, Wrapped<InternalStrideA>, InternalStrideA>;
-  using StrideBAll = std::conditional_t<kRaggedK, Wrapped<InternalStrideB>, Batched<InternalStrideB>>;
+  // paired B: N as (member, feature), K contiguous, then the group
+  using PairedStrideB = cute::Stride<cute::Stride<int64_t, int64_t>, cute::tuple_element_t<1, InternalStrideB>, int64_t>;
+  using StrideBAll = std::conditional_t<kRaggedK, Wrapped<InternalStrideB>,
+                                        std::conditional_t<kPairedB, PairedStrideB, Batched<InternalStrideB>>>;
+  static constexpr int kBlkN = decltype(cute::size<1>(TileShape{}))::value;
+  static constexpr int kBlkK = decltype(cute::size<2>(TileShape{}))::value;
+  static_assert(!kPairedB || kBlkN % 16 == 0, "paired B: whole pairs per tile, 8-row smem atoms per member");
+  // The B tile (and one stage of its smem layout) with N split as (member, feature).
+  using PairedTileB = decltype(cute::make_shape(cute::make_shape(cute::_2{}, cute::Int<kBlkN / 2>{}),
+                                                cute::Int<kBlkK>{}));
+  static auto paired_smem_b() {
+    using namespace cute;
+    return composition(SmemLayoutB{}(_, _, Int<0>{}), make_layout(PairedTileB{}));
+  }
 
   // The copy of one operand over its whole tensor (rank 4 for ragged K, else 3).
   template <class Stride, class Element, class SmemLayout, class Copy, class Tile, class Multicast>
@@ -105,10 +127,22 @@ struct FixedTmaMainloop : Base {
                                SmemLayoutA{}(cute::_, cute::_, cute::Int<0>{}),
                                cute::make_shape(cute::shape<0>(TileShape{}), cute::shape<2>(TileShape{})),
                                cute::size<1>(ClusterShape{})));
-  using TmaB = decltype(tma_of(static_cast<InternalElementB const*>(nullptr), kNoShape, StrideBAll{}, GmemTiledCopyB{},
-                               SmemLayoutB{}(cute::_, cute::_, cute::Int<0>{}),
-                               cute::make_shape(cute::shape<1>(TileShape{}), cute::shape<2>(TileShape{})),
-                               cute::size<0>(ClusterShape{})));
+  static auto paired_tma_b(InternalElementB const* ptr, cute::array<int32_t, 4> s, StrideBAll stride) {
+    using namespace cute;
+    auto shape = make_shape(make_shape(_2{}, s[0] / 2), s[1], s[2]);
+    return make_tma_copy(GmemTiledCopyB{}, make_tensor(ptr, make_layout(shape, stride)), paired_smem_b(),
+                         PairedTileB{}, size<0>(ClusterShape{}));
+  }
+  static auto tma_b_of(InternalElementB const* ptr, cute::array<int32_t, 4> s, StrideBAll stride) {
+    if constexpr (kPairedB) {
+      return paired_tma_b(ptr, s, stride);
+    } else {
+      return tma_of(ptr, s, stride, GmemTiledCopyB{}, SmemLayoutB{}(cute::_, cute::_, cute::Int<0>{}),
+                    cute::make_shape(cute::shape<1>(TileShape{}), cute::shape<2>(TileShape{})),
+                    cute::size<0>(ClusterShape{}));
+    }
+  }
+  using TmaB = decltype(tma_b_of(static_cast<InternalElementB const*>(nullptr), kNoShape, StrideBAll{}));
 
   struct Arguments : Base::Arguments {
     WholeOperands whole;
@@ -161,9 +195,14 @@ struct FixedTmaMainloop : Base {
     p.tma_a_all = tma_of(static_cast<InternalElementA const*>(w.a), p.a_shape, stride_of<StrideAAll>(w.lda, 0),
                          GmemTiledCopyA{}, SmemLayoutA{}(_, _, Int<0>{}),
                          make_shape(shape<0>(TileShape{}), shape<2>(TileShape{})), size<1>(ClusterShape{}));
-    p.tma_b_all = tma_of(static_cast<InternalElementB const*>(w.b), p.b_shape, stride_of<StrideBAll>(w.ldb, w.b_batch),
-                         GmemTiledCopyB{}, SmemLayoutB{}(_, _, Int<0>{}),
-                         make_shape(shape<1>(TileShape{}), shape<2>(TileShape{})), size<0>(ClusterShape{}));
+    if constexpr (kPairedB) {
+      // (member, feature) strides in elements; an odd n (not gated) never gets here
+      const StrideBAll stride{{w.b_pair_stride * w.ldb, w.b_feature_stride * w.ldb}, {}, w.b_batch};
+      p.tma_b_all = paired_tma_b(static_cast<InternalElementB const*>(w.b), p.b_shape, stride);
+    } else {
+      p.tma_b_all = tma_b_of(static_cast<InternalElementB const*>(w.b), p.b_shape,
+                             stride_of<StrideBAll>(w.ldb, w.b_batch));
+    }
     p.offs = w.offs;
     return p;
   }
@@ -236,7 +275,6 @@ struct FixedTmaMainloop : Base {
     // namespace-scope constant.)
     const int32_t big = fixed_tma::kBig;
     Tensor mA = whole_tensor(params.tma_a_all, params.a_shape);
-    Tensor mB = whole_tensor(params.tma_b_all, params.b_shape);
     auto a_group = [&] {
       if constexpr (kRaggedK) {
         return domain_offset(make_coord(0, big - pos.rows), mA(_, _, big, pos.row_begin + pos.rows));
@@ -244,22 +282,35 @@ struct FixedTmaMainloop : Base {
         return domain_offset(make_coord(pos.row_begin, 0), mA(_, _, 0));
       }
     }();
-    auto b_group = [&] {
-      if constexpr (kRaggedK) {
-        return domain_offset(make_coord(0, big - pos.rows), mB(_, _, big, pos.row_begin + pos.rows));
-      } else {
-        return mB(_, _, pos.group);
-      }
-    }();
     Tensor gA = local_tile(a_group, tile_a, make_coord(get<0>(blk_coord), _));  // (BLK_M, BLK_K, k)
-    Tensor gB = local_tile(b_group, tile_b, make_coord(get<1>(blk_coord), _));  // (BLK_N, BLK_K, k)
-
     auto block_tma_a = params.tma_a_all.get_slice(block_n);
     auto block_tma_b = params.tma_b_all.get_slice(block_m);
     Tensor tAgA = block_tma_a.partition_S(gA);
     Tensor tAsA = block_tma_a.partition_D(sA);
-    Tensor tBgB = block_tma_b.partition_S(gB);
-    Tensor tBsB = block_tma_b.partition_D(sB);
+    auto b_tiles = [&] {  // (TMA, TMA_N, TMA_K, k) and (TMA, TMA_N, TMA_K, PIPE)
+      if constexpr (kPairedB) {
+        const auto& s = params.b_shape;
+        Tensor mBp = params.tma_b_all.get_tma_tensor(make_shape(make_shape(_2{}, s[0] / 2), s[1], s[2]));
+        Tensor gB = local_tile(mBp(_, _, pos.group), PairedTileB{},
+                               make_coord(make_coord(0, get<1>(blk_coord)), _));  // ((2, BLK_N/2), BLK_K, k)
+        Tensor sBp = make_tensor(make_smem_ptr(storage.smem_B.data()),
+                                 composition(SmemLayoutB{}, make_layout(append(PairedTileB{}, size<2>(SmemLayoutB{})))));
+        return make_tuple(block_tma_b.partition_S(gB), block_tma_b.partition_D(sBp));
+      } else {
+        Tensor mB = whole_tensor(params.tma_b_all, params.b_shape);
+        auto b_group = [&] {
+          if constexpr (kRaggedK) {
+            return domain_offset(make_coord(0, big - pos.rows), mB(_, _, big, pos.row_begin + pos.rows));
+          } else {
+            return mB(_, _, pos.group);
+          }
+        }();
+        Tensor gB = local_tile(b_group, tile_b, make_coord(get<1>(blk_coord), _));  // (BLK_N, BLK_K, k)
+        return make_tuple(block_tma_b.partition_S(gB), block_tma_b.partition_D(sB));
+      }
+    }();
+    Tensor tBgB = get<0>(b_tiles);
+    Tensor tBsB = get<1>(b_tiles);
 
     uint16_t mcast_a = 0, mcast_b = 0;
     auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id

@@ -39,6 +39,8 @@
 namespace cute_moe::detail {
 
 // --- Epilogues: what is computed after the mainloop, as an EVT tree plus its arguments.
+// Tree<TileShape, ElementD, EpiDesc>: EpiDesc is CUTLASS's EpilogueDescriptor of the
+// kernel (its epilogue subtile and store stages, for nodes with smem stores of their own).
 template <class TileShape>
 using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t*, float,
                                                             cute::Stride<cute::_0, cute::_1, cute::_0>>;
@@ -63,7 +65,7 @@ using RowScaleCol = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, fl
 // Ragged M: D = row_scale[row] * (scale[group] * acc + bias[group])
 struct RaggedMEpilogue {
   using ElementC = void;
-  template <class TileShape, class ElementD>
+  template <class TileShape, class ElementD, class EpiDesc>
   using Tree = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ElementD, float,
                                              cutlass::FloatRoundStyle::round_to_nearest>,
@@ -78,12 +80,28 @@ struct RaggedMEpilogue {
 // Ragged K: D = acc (the weight gradient; scale and bias arrays are null)
 struct RaggedKEpilogue {
   using ElementC = void;
-  template <class TileShape, class ElementD>
+  template <class TileShape, class ElementD, class EpiDesc>
   using Tree = ScaledBiasTree<TileShape, ElementD>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext&) {
     return scaled_bias_arguments<Args>(g);
   }
+};
+
+// An epilogue's count of source (C) smem stages: its kStagesC where it sets one (to make
+// room for smem outputs of its own, ragged_tma_store.cuh), else 0: CUTLASS's choice.
+template <class Epilogue, class = void>
+constexpr int stages_c_v = 0;
+template <class Epilogue>
+constexpr int stages_c_v<Epilogue, std::void_t<decltype(Epilogue::kStagesC)>> = Epilogue::kStagesC;
+template <class Policy, int kStagesC>
+struct WithStagesC {
+  using type = Policy;
+};
+template <int C, int D, int F, bool R, bool Delay, int W, int kStagesC>
+struct WithStagesC<cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<C, D, F, R, Delay, W>, kStagesC> {
+  static_assert(kStagesC == 0 || kStagesC > D || !R, "reusing C's buffers for D needs more C stages than D's");
+  using type = cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kStagesC == 0 ? C : kStagesC, D, F, R, Delay, W>;
 };
 
 // --- Mainloops: the collective CUTLASS's builder makes, unless a variant wraps it (the
@@ -94,11 +112,12 @@ struct BuiltMainloop {
   template <class Args>
   static void set_arguments(Args&, const GroupArrays&, const LaunchContext&) {}
 };
-// A and B each one whole tensor: fixed descriptors, no per-group rewrites.
-template <bool kRaggedK>
+// A and B each one whole tensor: fixed descriptors, no per-group rewrites (kPairedB: B's
+// (gate, linear) pairs loaded as adjacent rows from either layout).
+template <bool kRaggedK, bool kPairedB = false>
 struct FixedTmaMainloopOf {
   template <class Built>
-  using type = FixedTmaMainloop<Built, kRaggedK>;
+  using type = FixedTmaMainloop<Built, kRaggedK, kPairedB>;
   template <class Args>
   static void set_arguments(Args& args, const GroupArrays&, const LaunchContext& ctx) {
     args.whole = ctx.whole;
@@ -148,13 +167,14 @@ struct GroupedGemmTypes {
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD>;
-
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, float,
-      ElementC, LayoutD*, kAlignC,
-      ElementD, LayoutD*, kAlignD, EpilogueSchedule, EpilogueTree>::CollectiveOp;
+  using EpiDesc = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+      TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, EpilogueSchedule>;
+  using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD, EpiDesc>;
+  // CUTLASS's builder, with the variant's count of source (C) stages where it sets one
+  using EpiPolicy = typename WithStagesC<typename EpiDesc::DispatchPolicy, stages_c_v<typename Traits::Epilogue>>::type;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      TileShape, typename EpiDesc::EpilogueTile, ElementAccumulator, float, ElementC, LayoutD*, kAlignC, ElementD,
+      LayoutD*, kAlignD, EpilogueTree, EpiPolicy>::CollectiveOp;
 
   using BuiltCollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Traits::LayoutA*, kAlignAB,

@@ -1,0 +1,209 @@
+// An extra epilogue output of a ragged-M grouped GEMM, written the way the collective
+// epilogue writes D: registers -> shared memory -> TMA store, inside the collective's
+// store pipeline (its smem buffer is the store iteration's, its TMA store is issued and
+// committed with D's by the same thread, so the collective's waits cover it).
+//
+// Why not CUTLASS's own aux store (Sm90AuxStore): its descriptor is per tensor, and the
+// ptr-array epilogue would have to rewrite it per group. Here one descriptor, made once on
+// the host, covers the whole (rows, cols) output; a group is a coordinate offset, and its
+// last tile is clipped at the group's end (the rows past it belong to the next group) by
+// the "ragged TMA" row modes of fixed_tma_mainloop.cuh:
+//     shape (BIG, cols, MAX, MAX), strides (ld, 1, 2^34 - ld, ld) elements,
+//     row r of the group starting at `begin` with `len` rows at (BIG - len + r, c, BIG, begin + len)
+// so rows r >= len fall past the extent BIG and are not written.
+//
+// Why not the direct stores the epilogues used before: each st.global holds its registers
+// until the LSU takes them, once per fragment, with the epilogue's math waiting behind it
+// (docs/perf-notes.md, fused SwiGLU v1/v2); a TMA store leaves the consumer at once.
+//
+// kColumnsPerPair 2: the output has D's shape and tile (one element per accumulator), so
+// the register fragment and the smem copy follow the collective's own partition of D.
+// kColumnsPerPair 1: one element per pair of adjacent D columns (a gated activation's h,
+// half as wide as its pre-activation); each thread writes its values into the smem buffer
+// by coordinate.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+#include "fixed_tma_mainloop.cuh"  // fixed_tma::kBig, kMax, kWrap
+#include "kernel_registry.h"       // OutputMatrix
+
+namespace cute_moe::detail {
+
+// EpiTile: the collective's epilogue subtile (M, N); kStages: its D store stages;
+// kColumnsPerPair: output columns per two D columns (2 or 1, above).
+template <class Element, class EpiTile, int kStages, int kColumnsPerPair = 2>
+struct RaggedTmaStore {
+  static_assert(sizeof(Element) == 2, "fixed_tma::kWrap assumes 2-byte elements");
+  static_assert(kColumnsPerPair == 1 || kColumnsPerPair == 2, "one or two output columns per D column pair");
+  static constexpr int kEpiM = decltype(cute::size<0>(EpiTile{}))::value;
+  static constexpr int kEpiN = decltype(cute::size<1>(EpiTile{}))::value * kColumnsPerPair / 2;  // of the output
+  using OutTile = cute::Shape<cute::Int<kEpiM>, cute::Int<kEpiN>>;
+  using RowMajor = cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor>;
+  // what CUTLASS's builder picks for a row-major D of this element
+  using SmemAtom = decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<
+                            RowMajor, Element, OutTile>());
+  using CopyOpR2S = decltype(cutlass::epilogue::collective::detail::sm90_get_smem_store_op_for_accumulator<
+                             RowMajor, Element, EpiTile>());
+  using SmemLayoutStage = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kEpiM>, cute::Int<kEpiN>>{}));
+  using SmemLayout =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kEpiM>, cute::Int<kEpiN>, cute::Int<kStages>>{}));
+
+  struct SharedStorage {
+    alignas(cutlass::detail::alignment_for_swizzle(SmemLayout{}))
+        cute::array_aligned<Element, cute::cosize_v<SmemLayout>> smem;
+  };
+
+  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  static auto make_tma(Element* ptr, int64_t ld, int32_t cols) {
+    using namespace cute;
+    const int32_t big = fixed_tma::kBig, max = fixed_tma::kMax;
+    auto whole = make_layout(make_shape(big, cols, max, max), GmemStride{ld, {}, fixed_tma::kWrap - ld, ld});
+    return make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(ptr), whole), SmemLayoutStage{}, OutTile{}, _1{});
+  }
+  using Tma = decltype(make_tma(nullptr, 0, 0));
+
+  struct Params {
+    Tma tma;                        // read in place: the descriptor must stay in param space
+    int32_t cols = 0;
+    const int32_t* offs = nullptr;  // device: cumulative end rows per group
+  };
+  static Params to_params(const OutputMatrix& out, const int32_t* offs) {
+    Params p;
+    if (out.ptr != nullptr) p.tma = make_tma(static_cast<Element*>(out.ptr), out.ld, int32_t(out.cols));
+    p.cols = int32_t(out.cols);
+    p.offs = offs;
+    return p;
+  }
+
+  // One tile's part of the output held by one thread, from the visit to the TMA store.
+  // Only the values and the thread's smem partition stay live through the epilogue; the
+  // storing thread rebuilds the gmem side from three coordinates when it stores.
+  template <class Regs, class TiledR2S, class SmemR2S, class CtaTile>
+  struct TileStore {
+    Regs regs;           // (CPY,CPY_M,CPY_N): the thread's values of one epilogue subtile
+    TiledR2S tiled_r2s;
+    SmemR2S smem_r2s;    // (R2S,R2S_M,R2S_N,PIPE)
+    Element* smem;       // the stages' buffers
+    Params const* params;
+    int32_t row0;        // TMA coordinates of the tile's origin: BIG - rows + m * CTA_M, ...
+    int32_t col0;        //   n * CTA_N,
+    int32_t row_end;     //   and the group's begin + rows (see the header)
+
+    // The values of the collective's fragment epi_v of the current subtile.
+    template <int FragmentSize>
+    CUTLASS_DEVICE void set(int epi_v, cutlass::Array<Element, FragmentSize> const& values) {
+      auto fragments = cute::recast<cutlass::Array<Element, FragmentSize>>(cute::coalesce(regs));  // (EPI_V)
+      fragments(epi_v) = values;
+    }
+    // postreduce: into the store iteration's smem buffer
+    CUTLASS_DEVICE void to_smem(int, int, int store_iteration) {
+      using RLayout = decltype(cute::layout(TiledR2S{}.get_slice(0).retile_S(Regs{})));
+      cute::copy(tiled_r2s, cute::make_tensor(regs.data(), RLayout{}),
+                 smem_r2s(cute::_, cute::_, cute::_, store_iteration % kStages));
+    }
+    CUTLASS_DEVICE void to_gmem(int epi_m, int epi_n, int store_iteration, bool issue) {
+      tma_store<CtaTile>(params, smem, row0, col0, row_end, epi_m, epi_n, store_iteration, issue);
+    }
+  };
+
+  // kColumnsPerPair 1: the thread's values, one per pair of its D fragment's columns, written
+  // to smem by coordinate.
+  template <class CTensor, int kValues, class CtaTile>
+  struct PairTileStore {
+    cutlass::Array<Element, kValues> values;  // of one subtile, in the fragments' order
+    CTensor tCcD;        // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) D coordinates relative to the first element
+    int32_t first_m;     // the thread's first D element in the tile
+    int32_t first_n;
+    Element* smem;
+    Params const* params;
+    int32_t row0, col0, row_end;  // as TileStore's
+
+    template <int FragmentSize>
+    CUTLASS_DEVICE void set(int epi_v, cutlass::Array<Element, FragmentSize / 2> const& pair_values) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize / 2; ++i) values[epi_v * (FragmentSize / 2) + i] = pair_values[i];
+    }
+    CUTLASS_DEVICE void to_smem(int epi_m, int epi_n, int store_iteration) {
+      using namespace cute;
+      Tensor s_epi = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
+      Tensor stage = s_epi(_, _, store_iteration % kStages);  // (EPI_TILE_M,EPI_TILE_N / 2)
+      auto coords = tCcD(_, _, _, epi_m, epi_n);
+      const int32_t m0 = first_m - epi_m * kEpiM;  // the first element's place in this subtile
+      const int32_t n0 = first_n - epi_n * kEpiN * 2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kValues; ++j) {
+        auto c = coords(2 * j);  // the pair's first column (even)
+        stage(m0 + get<0>(c), (n0 + get<1>(c)) / 2) = values[j];
+      }
+    }
+    CUTLASS_DEVICE void to_gmem(int epi_m, int epi_n, int store_iteration, bool issue) {
+      tma_store<CtaTile>(params, smem, row0, col0, row_end, epi_m, epi_n, store_iteration, issue);
+    }
+  };
+
+  // The storing thread's TMA store of subtile (epi_m, epi_n) of the output tile at (row0,
+  // col0) of a group ending at row_end (see the header).
+  template <class CtaTile>
+  CUTLASS_DEVICE static void tma_store(Params const* params, Element* smem, int32_t row0, int32_t col0,
+                                       int32_t row_end, int epi_m, int epi_n, int store_iteration, bool issue) {
+    using namespace cute;
+    if (!issue) return;
+    const int32_t big = fixed_tma::kBig, max = fixed_tma::kMax;
+    Tensor whole = params->tma.get_tma_tensor(make_shape(big, params->cols, max, max));
+    Tensor g_tile = local_tile(domain_offset(make_coord(row0, col0), whole(_, _, big, row_end)), CtaTile{},
+                               make_coord(0, 0));  // (CTA_M,CTA_N) of the output
+    Tensor s_epi = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
+    auto s2g = params->tma.get_slice(_0{});
+    Tensor src = s2g.partition_S(s_epi);                            // (S2G,S2G_M,S2G_N,PIPE)
+    Tensor dst = s2g.partition_D(flat_divide(g_tile, OutTile{}));   // (S2G,S2G_M,S2G_N,EPI_M,EPI_N)
+    copy(params->tma, src(_, _, _, store_iteration % kStages), dst(_, _, _, epi_m, epi_n));
+  }
+
+  // The tile (m, n) of group l (args: the collective's ConsumerStoreArgs).
+  template <bool ReferenceSrc, class Args>
+  CUTLASS_DEVICE static auto tile(Params const* params, SharedStorage& storage, Args const& args) {
+    using namespace cute;
+    const int32_t rows = int32_t(get<0>(args.problem_shape_mnkl));  // the group's
+    const int m = get<0>(args.tile_coord_mnkl), n = get<1>(args.tile_coord_mnkl), l = get<3>(args.tile_coord_mnkl);
+    const int32_t begin = l == 0 ? 0 : params->offs[l - 1];
+    constexpr int kCtaM = decltype(size<0>(args.tile_shape_mnk))::value;
+    constexpr int kCtaN = decltype(size<1>(args.tile_shape_mnk))::value;  // of D
+    static_assert(std::is_same_v<decltype(shape(args.epi_tile)), decltype(shape(EpiTile{}))>, "EpiTile: the collective's");
+    using CtaTile = Shape<Int<kCtaM>, Int<kCtaN * kColumnsPerPair / 2>>;  // of the output
+    const int32_t row0 = fixed_tma::kBig - rows + m * kCtaM, col0 = n * (kCtaN * kColumnsPerPair / 2);
+    // the thread's D elements of one subtile, as the collective partitions them
+    Tensor partition = cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
+        make_identity_tensor(take<0, 2>(args.tile_shape_mnk)), args.epi_tile, args.tiled_copy, args.thread_idx);
+    if constexpr (kColumnsPerPair == 2) {
+      Tensor regs = make_tensor<Element>(take<0, 3>(shape(partition)));  // (CPY,CPY_M,CPY_N)
+      Tensor s_epi = as_position_independent_swizzle_tensor(
+          make_tensor(make_smem_ptr(storage.smem.data()), SmemLayout{}));  // (EPI_TILE_M,EPI_TILE_N,PIPE)
+      auto tiled_r2s = conditional_return<ReferenceSrc>(make_tiled_copy_S(Copy_Atom<CopyOpR2S, Element>{}, args.tiled_copy),
+                                                        make_tiled_copy_D(Copy_Atom<CopyOpR2S, Element>{}, args.tiled_copy));
+      Tensor smem_r2s = tiled_r2s.get_slice(args.thread_idx).partition_D(s_epi);
+      return TileStore<decltype(regs), decltype(tiled_r2s), decltype(smem_r2s), CtaTile>{
+          regs, tiled_r2s, smem_r2s, storage.smem.data(), params, row0, col0, begin + rows};
+    } else {
+      constexpr int kValues = decltype(size(take<0, 3>(shape(partition))))::value / 2;
+      const int32_t first_m = int32_t(get<0>(args.problem_shape_mnkl)) - int32_t(get<0>(args.residue_tCcD)) - m * kCtaM;
+      const int32_t first_n = int32_t(get<1>(args.problem_shape_mnkl)) - int32_t(get<1>(args.residue_tCcD)) - n * kCtaN;
+      return PairTileStore<decltype(args.tCcD), kValues, CtaTile>{
+          {}, args.tCcD, first_m, first_n, storage.smem.data(), params, row0, col0, begin + rows};
+    }
+  }
+};
+
+// Stands in for a RaggedTmaStore's TileStore where a variant has no such output.
+struct NoTileStore {
+  template <int FragmentSize, class Values>
+  CUTLASS_DEVICE void set(int, Values const&) {}
+  CUTLASS_DEVICE void to_smem(int, int, int) {}
+  template <class... Ignored>
+  CUTLASS_DEVICE void to_gmem(Ignored...) {}
+};
+
+}  // namespace cute_moe::detail
