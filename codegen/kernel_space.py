@@ -73,13 +73,13 @@ AB_DTYPE = "bf16"
 
 VARIANTS = (
     Variant("RaggedM_BRow", "ragged_m", "ragged_m (weight n-contiguous)", "m", "unfused",
-            "plain", "bf16"),
+            "ragged_m", "bf16"),
     Variant("RaggedM_BCol", "ragged_m_bcol", "ragged_m (weight k-contiguous)", "m", "unfused",
-            "plain", "bf16"),
-    Variant("RaggedK_OutBF16", "ragged_k_bf16", "ragged_k (bf16 output)", "k", "unfused", "plain",
-            "bf16"),
-    Variant("RaggedK_OutF32", "ragged_k_f32", "ragged_k (fp32 output)", "k", "unfused", "plain",
-            "f32"),
+            "ragged_m", "bf16"),
+    Variant("RaggedK_OutBF16", "ragged_k_bf16", "ragged_k (bf16 output)", "k", "unfused",
+            "ragged_k", "bf16"),
+    Variant("RaggedK_OutF32", "ragged_k_f32", "ragged_k (fp32 output)", "k", "unfused",
+            "ragged_k", "f32"),
     Variant("ActFwd_BRow", "act_forward", "act_forward (weight n-contiguous)", "m", "forward",
             "act", "bf16"),
     Variant("ActFwd_BCol", "act_forward_bcol", "act_forward (weight k-contiguous)", "m", "forward",
@@ -97,7 +97,8 @@ VARIANTS = (
 
 # Per arch, the header (under src/core) that defines each variant family's traits.
 HEADERS = {
-    "sm90": {"plain": "sm90/kernel_instance.cuh", "act": "sm90/act_variants.cuh",
+    "sm90": {"ragged_m": "sm90/ragged_m_variants.cuh", "ragged_k": "sm90/ragged_k_variants.cuh",
+             "act": "sm90/act_variants.cuh",
              "gather": "sm90/gather_variants.cuh"},
 }
 

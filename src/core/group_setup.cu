@@ -62,10 +62,6 @@ __global__ void ragged_m_setup_kernel(GemmProblem p, GroupArrays g, float* row_p
         g.c[e] = at(p.c.ptr, r.begin * p.c.ld, p.c.elem);
         g.ldc[e] = p.c.ld;
       }
-      if (g.aux != nullptr) {
-        g.aux[e] = const_cast<char*>(at(p.aux.ptr, r.begin * p.aux.ld, p.aux.elem));
-        g.ldaux[e] = p.aux.ld;
-      }
       if (g.row_scale != nullptr) g.row_scale[e] = p.row_scale + r.begin;
       if (g.row_partial != nullptr) g.row_partial[e] = row_partial + r.begin;
     }
@@ -138,8 +134,6 @@ size_t lay_out_group_arrays(char* base, const GemmProblem& p, GroupArrays* g) {
   take(g->bias, e, p.bias != nullptr);
   take(g->c, e, p.c.present());
   take(g->ldc, e, p.c.present());
-  take(g->aux, e, p.aux.present());
-  take(g->ldaux, e, p.aux.present());
   take(g->row_scale, e, p.row_scale != nullptr);
   take(g->row_partial, e, p.row_scale_grad);
   take(g->gather_rows, e, p.gather_rows != nullptr);

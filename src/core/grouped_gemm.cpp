@@ -202,6 +202,12 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.raster_along_n = plan.raster_along_n;
   ctx.swizzle = plan.swizzle;
   ctx.act = p.act_params;
+  ctx.d = {const_cast<void*>(p.d.ptr), p.d.ld, p.n};
+  if (!is_ragged_m(p)) {  // (groups, k, n): one block per group
+    ctx.d.rows = p.k;
+    ctx.d.batch_stride = p.k * p.d.ld;
+    ctx.d.batches = p.num_groups;
+  }
   ctx.aux = {const_cast<void*>(p.aux.ptr), p.aux.ld, p.aux_cols};
   ctx.aux2 = {const_cast<void*>(p.aux2.ptr), p.aux2.ld, p.aux_cols};
   ctx.whole.offs = p.offs;  // the epilogues' TMA-stored outputs need it too

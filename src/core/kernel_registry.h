@@ -34,11 +34,9 @@ struct GroupArrays {
   int64_t* lda = nullptr;
   int64_t* ldb = nullptr;
   int64_t* ldd = nullptr;
-  // Fused epilogues only: the source operand C and the second (aux) output.
+  // Fused backward only: the source operand C (the forward's pre).
   const void** c = nullptr;
   int64_t* ldc = nullptr;
-  void** aux = nullptr;
-  int64_t* ldaux = nullptr;
   // Scales of ragged M (null: 1): one per group on the GEMM result, and one per row (the
   // router probability) on the biased result; per group, a pointer to its first row's.
   const float* group_scale = nullptr;
@@ -75,13 +73,16 @@ struct WholeOperands {
   const int32_t* offs = nullptr;  // device: cumulative end rows per group
 };
 
-// An epilogue output that the kernel writes through a TMA descriptor made once over the
-// whole matrix (sm90/ragged_tma_store.cuh) rather than through per-group pointers: rows
-// a_rows (WholeOperands), a group's rows clipped at its end.
+// An output that the kernel's epilogue writes through a TMA descriptor made once over the
+// whole of it (sm90/fixed_tma_store.cuh) rather than through per-group pointers: ragged M,
+// the groups' rows of one (a_rows, cols) matrix; ragged K, one (rows, cols) block per group.
 struct OutputMatrix {
-  void* ptr = nullptr;  // null: absent
-  int64_t ld = 0;       // elements between rows
+  void* ptr = nullptr;       // null: absent
+  int64_t ld = 0;            // elements between rows
   int64_t cols = 0;
+  int64_t rows = 0;          // ragged K: of each group's block
+  int64_t batch_stride = 0;  // ragged K: elements between the groups' blocks
+  int32_t batches = 0;       // ragged K: the groups
 };
 
 struct LaunchContext {
@@ -94,7 +95,8 @@ struct LaunchContext {
   int swizzle = 1;              // 1, 2, 4 or 8
   ActParams act;                // activation epilogues only
   WholeOperands whole;          // variants whose operands TMA loads (not the gathered A)
-  OutputMatrix aux;             // act backward: p * h
+  OutputMatrix d;               // the GEMM's output (D; act forward: pre)
+  OutputMatrix aux;             // act forward: h; act backward: p * h
   OutputMatrix aux2;            // act backward, dpre in halves: the dlinear half
 };
 

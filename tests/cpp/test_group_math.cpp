@@ -79,8 +79,8 @@ TEST(GroupArrays, CarvedArraysAreAlignedAndDisjoint) {
     std::vector<std::pair<const char*, size_t>> arrays = {
         {at(g.problem_shapes), 12 * e}, {at(g.a), 8 * e},     {at(g.b), 8 * e},        {at(g.d), 8 * e},
         {at(g.bias), 8 * e},            {at(g.lda), 8 * e},   {at(g.ldb), 8 * e},      {at(g.ldd), 8 * e},
-        {at(g.c), 8 * e},               {at(g.ldc), 8 * e},   {at(g.aux), 8 * e},      {at(g.ldaux), 8 * e},
-        {at(g.row_scale), 8 * e},       {at(g.row_partial), 8 * e}, {at(g.gather_rows), 8 * e}};
+        {at(g.c), 8 * e},               {at(g.ldc), 8 * e},   {at(g.row_scale), 8 * e},
+        {at(g.row_partial), 8 * e},     {at(g.gather_rows), 8 * e}};
     std::sort(arrays.begin(), arrays.end());
     for (size_t i = 0; i < arrays.size(); ++i) {
       ASSERT_NE(arrays[i].first, nullptr);
@@ -101,8 +101,7 @@ TEST(GroupArrays, AProblemCarvesOnlyWhatItUses) {
   char* base = buf.data() + (128 - reinterpret_cast<uintptr_t>(buf.data()) % 128) % 128;
   const GroupArrays g = carve_group_arrays(base, plain);
   for (const void* absent : {static_cast<const void*>(g.bias), static_cast<const void*>(g.c),
-                             static_cast<const void*>(g.ldc), static_cast<const void*>(g.aux),
-                             static_cast<const void*>(g.ldaux), static_cast<const void*>(g.row_scale),
+                             static_cast<const void*>(g.ldc), static_cast<const void*>(g.row_scale),
                              static_cast<const void*>(g.row_partial), static_cast<const void*>(g.gather_rows)}) {
     EXPECT_EQ(absent, nullptr);
   }

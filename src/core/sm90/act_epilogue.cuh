@@ -7,11 +7,10 @@
 // quad hold the same rows.
 //
 //   ActForwardAux  up-projection: its input is pre = scale * acc + bias (fp32). It rounds
-//                  pre to bf16 exactly as the D store will, computes h = act(pre) from the
-//                  rounded values (gated: one h per (gate, linear) pair, width n/2; else
-//                  one per column, width n), writes h through smem and a TMA store of its
-//                  own (ragged_tma_store.cuh), and passes pre on unchanged, so the
-//                  collective stores pre as D.
+//                  pre to bf16, computes h = act(pre) from the rounded values (gated: one h
+//                  per (gate, linear) pair, width n/2; else one per column, width n), and
+//                  writes both, pre as D, through smem and TMA stores of its own
+//                  (fixed_tma_store.cuh; the collective has no D).
 //   ActBackward    down-projection input gradient: its inputs are acc = dy @ W_down^T
 //                  (fp32), the forward's pre loaded by the collective's TMA source
 //                  pipeline as the C operand (gated: 32-bit packed (gate, linear) words,
@@ -20,7 +19,7 @@
 //                  returns dpre = dh * act'(pre), packed like pre, so the collective's TMA
 //                  store writes it as D, and writes p * h (h = act(pre) recomputed, the
 //                  forward's bit for bit) through smem and a TMA store of its own
-//                  (ragged_tma_store.cuh).
+//                  (fixed_tma_store.cuh).
 //                  It also sums h * s over each row's columns in the tile: the tile's part
 //                  of dp = dy . (scale * h @ W_down) (the gradient of p, without the bias
 //                  term); one partial per (row, tile column), summed in order later.
@@ -43,7 +42,7 @@
 
 #include "activations.h"
 #include "epilogue_nodes.cuh"
-#include "ragged_tma_store.cuh"
+#include "fixed_tma_store.cuh"
 
 namespace cute_moe::detail {
 
@@ -51,6 +50,7 @@ namespace act_epilogue {
 
 struct ForwardArguments {
   ActParams act = {};
+  OutputMatrix pre;                // D: (rows, n)
   OutputMatrix h;                  // (rows, n / 2) gated, else (rows, n)
   const int32_t* offs = nullptr;   // device: cumulative end rows per group
 };
@@ -73,60 +73,72 @@ CUTLASS_DEVICE uint32_t pack_bf16(float lo, float hi) {
 
 template <class Activation, class EpiTile, int kStages>
 struct Sm90ActForwardAux : NodeWithoutLoads {
-  using ElementAux = cutlass::bfloat16_t;
+  using ElementAux = cutlass::bfloat16_t;  // also what CUTLASS takes the (void) D's element to be
+  using PreStore = FixedTmaStore<ElementAux, EpiTile, kStages>;
   // gated: one h per (gate, linear) pair of adjacent columns
-  using Store = RaggedTmaStore<ElementAux, EpiTile, kStages, Activation::kGated ? 1 : 2>;
+  using HStore = FixedTmaStore<ElementAux, EpiTile, kStages, Activation::kGated ? 1 : 2>;
   using Arguments = act_epilogue::ForwardArguments;
   struct SharedStorage {
-    typename Store::SharedStorage h;
+    typename PreStore::SharedStorage pre;
+    typename HStore::SharedStorage h;
   };
   struct Params {
     ActParams act;
-    typename Store::Params h;
+    typename PreStore::Params pre;
+    typename HStore::Params h;
   };
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    return {a.act, Store::to_params(a.h, a.offs)};
+    return {a.act, PreStore::to_params(a.pre, a.offs), HStore::to_params(a.h, a.offs)};
   }
 
-  // Params in place, not a copy: the TMA descriptor must stay in kernel parameter space.
+  // Params in place, not a copy: the TMA descriptors must stay in kernel parameter space.
   Params const* params = nullptr;
   SharedStorage* storage = nullptr;
   CUTLASS_HOST_DEVICE Sm90ActForwardAux() {}
   CUTLASS_HOST_DEVICE Sm90ActForwardAux(Params const& p, SharedStorage const& s)
       : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
 
-  template <class HStore>
+  template <class PreTile, class HTile>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, HStore h_store) : act(act), h_store(h_store) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, PreTile pre_store, HTile h_store)
+        : act(act), pre_store(pre_store), h_store(h_store) {}
     ActParams act;
-    HStore h_store;
+    PreTile pre_store;
+    HTile h_store;
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
                               cutlass::Array<ElementInput, FragmentSize> const& frg_pre) {
       static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
-      // h from the values the D store will write (pre rounded to bf16)
+      cutlass::Array<ElementAux, FragmentSize> pre;  // D, rounded once; h is computed from it
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) pre[i] = ElementAux(frg_pre[i]);
+      pre_store.template set<FragmentSize>(epi_v, pre);
       if constexpr (Activation::kGated) {
         cutlass::Array<ElementAux, FragmentSize / 2> h;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; i += 2) {
-          h[i / 2] = ElementAux(Activation::forward(float(ElementAux(frg_pre[i])), float(ElementAux(frg_pre[i + 1])), act));
+          h[i / 2] = ElementAux(Activation::forward(float(pre[i]), float(pre[i + 1]), act));
         }
         h_store.template set<FragmentSize>(epi_v, h);
       } else {
         cutlass::Array<ElementAux, FragmentSize> h;
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) h[i] = ElementAux(Activation::forward(float(ElementAux(frg_pre[i])), act));
+        for (int i = 0; i < FragmentSize; ++i) h[i] = ElementAux(Activation::forward(float(pre[i]), act));
         h_store.template set<FragmentSize>(epi_v, h);
       }
       return frg_pre;
     }
 
     CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
-      if (issue_smem_store) h_store.to_smem(epi_m, epi_n, store_iteration);
+      if (issue_smem_store) {
+        pre_store.to_smem(epi_m, epi_n, store_iteration);
+        h_store.to_smem(epi_m, epi_n, store_iteration);
+      }
     }
     CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
+      pre_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
       h_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
     }
   };
@@ -134,8 +146,9 @@ struct Sm90ActForwardAux : NodeWithoutLoads {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto h_store = Store::template tile<ReferenceSrc>(&params->h, storage->h, args);
-    return ConsumerStoreCallbacks<decltype(h_store)>(params->act, h_store);
+    auto pre_store = PreStore::template tile<ReferenceSrc>(&params->pre, storage->pre, args);
+    auto h_store = HStore::template tile<ReferenceSrc>(&params->h, storage->h, args);
+    return ConsumerStoreCallbacks<decltype(pre_store), decltype(h_store)>(params->act, pre_store, h_store);
   }
 };
 
@@ -143,7 +156,7 @@ template <class Activation, bool kHalvesOut, class EpiTile, int kStages>
 struct Sm90ActBackward : NodeWithoutLoads {
   static_assert(!kHalvesOut || Activation::kGated, "halves: gated activations only");
   using ElementAux = cutlass::bfloat16_t;
-  using Store = RaggedTmaStore<ElementAux, EpiTile, kStages>;
+  using Store = FixedTmaStore<ElementAux, EpiTile, kStages>;
   struct Absent {};
   template <class T>
   using IfHalves = std::conditional_t<kHalvesOut, T, Absent>;

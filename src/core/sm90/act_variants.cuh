@@ -9,16 +9,18 @@
 
 namespace cute_moe::detail {
 
-// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre), TMA-stored
+// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre); both written by the tree
+// through fixed descriptors (kWritesD: the collective has no D)
 template <class Activation>
 struct ActForwardEpilogue {
   using ElementC = void;
+  static constexpr bool kWritesD = true;
   template <class TileShape, class ElementD, class EpiDesc>
   using Tree = cutlass::epilogue::fusion::Sm90EVT<
       Sm90ActForwardAux<Activation, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>, ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.aux, ctx.whole.offs}};
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.d, ctx.aux, ctx.whole.offs}};
   }
 };
 
@@ -31,7 +33,7 @@ struct ActBackwardEpilogue {
   // CUTLASS takes 4 C stages (16 KB each at 128x32 words); p * h's (and dlinear's) smem
   // buffers (16 KB each) come out of those rather than out of the mainloop's stages (at
   // 128x192: 4 and 3 stages, as with CUTLASS's 4 C stages and no buffers of ours).
-  static constexpr int kStagesC = kHalvesOut ? 2 : 3;
+  static constexpr int kStagesC = 3;
   template <class TileShape, class ElementD, class EpiDesc>
   using Tree = cutlass::epilogue::fusion::Sm90EVT<
       Sm90ActBackward<Activation, kHalvesOut, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>,

@@ -1,8 +1,10 @@
 // One grouped-GEMM kernel of the dispatch table, assembled from CUTLASS 3.x SM90 pieces.
 //
-// Included only by the generated one-row translation units (build/generated/kernels/*.cu,
-// codegen/generate.py), so each instantiation compiles on its own and in parallel; the
-// activation variants' traits live in act_variants.cuh, which only their units include.
+// Included, through the header of a variant family, only by the generated one-row
+// translation units (build/generated/kernels/*.cu, codegen/generate.py), so each
+// instantiation compiles on its own and in parallel. Each family's traits and epilogue live
+// in its own header (ragged_m_variants.cuh, ragged_k_variants.cuh, act_variants.cuh,
+// gather_variants.cuh), so a change to one recompiles only that family's kernels.
 //
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
@@ -18,6 +20,9 @@
 // Epilogue (EVT), per variant (VariantTraits below): D = acc + bias[group] (a row broadcast
 //   through an array of per-group pointers; a null array means no bias), or the fused
 //   gated-activation forward / backward of act_epilogue.cuh. Outputs are rounded once.
+//   D is written by the tree through one descriptor over the whole output
+//   (fixed_tma_store.cuh; the collective's D is void: no per-group D descriptor rewrites),
+//   except in the fused backward, whose dpre shares the collective's C buffers.
 #pragma once
 
 #include <type_traits>
@@ -62,38 +67,17 @@ template <class TileShape>
 using RowScaleCol = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float*, float,
                                                                 cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
 
-// Ragged M: D = row_scale[row] * (scale[group] * acc + bias[group])
-struct RaggedMEpilogue {
-  using ElementC = void;
-  template <class TileShape, class ElementD, class EpiDesc>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ElementD, float,
-                                             cutlass::FloatRoundStyle::round_to_nearest>,
-      RowScaleCol<TileShape>, ScaledBiasTree<TileShape, float>>;
-  template <class Args>
-  static Args arguments(const GroupArrays& g, const LaunchContext&) {
-    return {{reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
-            scaled_bias_arguments<decltype(Args{}.op_1)>(g), {}};
-  }
-};
-
-// Ragged K: D = acc (the weight gradient; scale and bias arrays are null)
-struct RaggedKEpilogue {
-  using ElementC = void;
-  template <class TileShape, class ElementD, class EpiDesc>
-  using Tree = ScaledBiasTree<TileShape, ElementD>;
-  template <class Args>
-  static Args arguments(const GroupArrays& g, const LaunchContext&) {
-    return scaled_bias_arguments<Args>(g);
-  }
-};
-
 // An epilogue's count of source (C) smem stages: its kStagesC where it sets one (to make
-// room for smem outputs of its own, ragged_tma_store.cuh), else 0: CUTLASS's choice.
+// room for smem outputs of its own, fixed_tma_store.cuh), else 0: CUTLASS's choice.
 template <class Epilogue, class = void>
 constexpr int stages_c_v = 0;
 template <class Epilogue>
 constexpr int stages_c_v<Epilogue, std::void_t<decltype(Epilogue::kStagesC)>> = Epilogue::kStagesC;
+// Whether an epilogue's tree writes D itself (kWritesD): then the collective's D is void.
+template <class Epilogue, class = void>
+constexpr bool writes_d_v = false;
+template <class Epilogue>
+constexpr bool writes_d_v<Epilogue, std::void_t<decltype(Epilogue::kWritesD)>> = Epilogue::kWritesD;
 template <class Policy, int kStagesC>
 struct WithStagesC {
   using type = Policy;
@@ -137,15 +121,10 @@ using RowMajor = cutlass::layout::RowMajor;
 using ColMajor = cutlass::layout::ColumnMajor;
 using bf16 = cutlass::bfloat16_t;
 
+// Specialised per variant family in the family's header (codegen/kernel_space.py, HEADERS),
+// which only that family's translation units include.
 template <KernelVariant V, Act A>
 struct VariantTraits;
-// ragged M: A = x (m, k) k-contiguous; B = W_e (k, n) n-contiguous (BRow) or k-contiguous (BCol)
-template <> struct VariantTraits<KernelVariant::RaggedM_BRow, Act::Unfused> : Traits<RowMajor, RowMajor, bf16, RaggedMEpilogue, FixedTmaMainloopOf<false>> {};
-template <> struct VariantTraits<KernelVariant::RaggedM_BCol, Act::Unfused> : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, FixedTmaMainloopOf<false>> {};
-// (activation variants: act_variants.cuh, included by their translation units only)
-// ragged K: A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
-template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
-template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
 
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct GroupedGemmTypes {
@@ -172,9 +151,11 @@ struct GroupedGemmTypes {
   using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD, EpiDesc>;
   // CUTLASS's builder, with the variant's count of source (C) stages where it sets one
   using EpiPolicy = typename WithStagesC<typename EpiDesc::DispatchPolicy, stages_c_v<typename Traits::Epilogue>>::type;
+  static constexpr bool kTreeWritesD = writes_d_v<typename Traits::Epilogue>;
+  using CollectiveElementD = std::conditional_t<kTreeWritesD, void, ElementD>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
-      TileShape, typename EpiDesc::EpilogueTile, ElementAccumulator, float, ElementC, LayoutD*, kAlignC, ElementD,
-      LayoutD*, kAlignD, EpilogueTree, EpiPolicy>::CollectiveOp;
+      TileShape, typename EpiDesc::EpilogueTile, ElementAccumulator, float, ElementC, LayoutD*, kAlignC,
+      CollectiveElementD, LayoutD*, kAlignD, EpilogueTree, EpiPolicy>::CollectiveOp;
 
   using BuiltCollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Traits::LayoutA*, kAlignAB,
@@ -216,7 +197,8 @@ struct GroupedGemmTypes {
          nullptr},  // no host copy of the shapes: the scheduler reads them on the device
         mainloop,
         {{}, reinterpret_cast<ElementCPtr>(g.c), reinterpret_cast<StrideC*>(g.ldc),
-         reinterpret_cast<ElementD**>(g.d), reinterpret_cast<StrideD*>(g.ldd)},
+         kTreeWritesD ? nullptr : reinterpret_cast<CollectiveElementD**>(g.d),
+         kTreeWritesD ? nullptr : reinterpret_cast<StrideD*>(g.ldd)},
         hw};
     using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
     args.scheduler.raster_order = ctx.raster_along_n ? Raster::AlongN : Raster::AlongM;

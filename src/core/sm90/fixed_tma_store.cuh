@@ -1,20 +1,27 @@
-// An extra epilogue output of a ragged-M grouped GEMM, written the way the collective
-// epilogue writes D: registers -> shared memory -> TMA store, inside the collective's
-// store pipeline (its smem buffer is the store iteration's, its TMA store is issued and
-// committed with D's by the same thread, so the collective's waits cover it).
+// An extra epilogue output of a grouped GEMM, written the way the collective epilogue
+// writes D: registers -> shared memory -> TMA store, inside the collective's store pipeline
+// (its smem buffer is the store iteration's, its TMA store is issued and committed with D's
+// by the same thread, so the collective's waits cover it). Sm90StoreD below writes D itself
+// this way, the collective's own D then void.
 //
-// Why not CUTLASS's own aux store (Sm90AuxStore): its descriptor is per tensor, and the
-// ptr-array epilogue would have to rewrite it per group. Here one descriptor, made once on
-// the host, covers the whole (rows, cols) output; a group is a coordinate offset, and its
-// last tile is clipped at the group's end (the rows past it belong to the next group) by
-// the "ragged TMA" row modes of fixed_tma_mainloop.cuh:
-//     shape (BIG, cols, MAX, MAX), strides (ld, 1, 2^34 - ld, ld) elements,
-//     row r of the group starting at `begin` with `len` rows at (BIG - len + r, c, BIG, begin + len)
-// so rows r >= len fall past the extent BIG and are not written.
+// Why not CUTLASS's aux store (Sm90AuxStore) or its ptr-array D: their descriptor is per
+// tensor, so the ptr-array epilogue rewrites it whenever a CTA's next tile belongs to
+// another group, after waiting for every TMA store in flight. Here one descriptor, made once
+// on the host, covers every group's output (as fixed_tma_mainloop.cuh does for the loads),
+// and a group is a coordinate:
+//   kRagged   the group's rows of one (rows, cols) matrix (ragged M). Its last tile is
+//             clipped at the group's end (the rows past it belong to the next group) by the
+//             "ragged TMA" row modes of fixed_tma_mainloop.cuh:
+//               shape (BIG, cols, MAX, MAX), strides (ld, 1, 2^34 - ld, ld) elements,
+//               row r of a group starting at `begin` with `len` rows at
+//               (BIG - len + r, c, BIG, begin + len),
+//             so rows r >= len fall past the extent BIG and are not written.
+//   kBatched  the group's own (rows, cols) block of a (groups, rows, cols) output (ragged K:
+//             the weight gradient), the group the batch coordinate.
 //
-// Why not the direct stores the epilogues used before: each st.global holds its registers
-// until the LSU takes them, once per fragment, with the epilogue's math waiting behind it
-// (docs/perf-notes.md, fused SwiGLU v1/v2); a TMA store leaves the consumer at once.
+// Why not direct stores (what the fused epilogues did before): each st.global holds its
+// registers until the LSU takes them, once per fragment, with the epilogue's math waiting
+// behind it (docs/perf-notes.md, fused SwiGLU v1/v2); a TMA store leaves the consumer at once.
 //
 // kColumnsPerPair 2: the output has D's shape and tile (one element per accumulator), so
 // the register fragment and the smem copy follow the collective's own partition of D.
@@ -28,16 +35,19 @@
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "epilogue_nodes.cuh"      // NodeWithoutLoads
 #include "fixed_tma_mainloop.cuh"  // fixed_tma::kBig, kMax, kWrap
 #include "kernel_registry.h"       // OutputMatrix
 
 namespace cute_moe::detail {
 
+enum class OutputRows { kRagged, kBatched };
+
 // EpiTile: the collective's epilogue subtile (M, N); kStages: its D store stages;
 // kColumnsPerPair: output columns per two D columns (2 or 1, above).
-template <class Element, class EpiTile, int kStages, int kColumnsPerPair = 2>
-struct RaggedTmaStore {
-  static_assert(sizeof(Element) == 2, "fixed_tma::kWrap assumes 2-byte elements");
+template <class Element, class EpiTile, int kStages, int kColumnsPerPair = 2, OutputRows kRows = OutputRows::kRagged>
+struct FixedTmaStore {
+  static constexpr bool kRagged = kRows == OutputRows::kRagged;
   static_assert(kColumnsPerPair == 1 || kColumnsPerPair == 2, "one or two output columns per D column pair");
   static constexpr int kEpiM = decltype(cute::size<0>(EpiTile{}))::value;
   static constexpr int kEpiN = decltype(cute::size<1>(EpiTile{}))::value * kColumnsPerPair / 2;  // of the output
@@ -57,24 +67,44 @@ struct RaggedTmaStore {
         cute::array_aligned<Element, cute::cosize_v<SmemLayout>> smem;
   };
 
-  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  static auto make_tma(Element* ptr, int64_t ld, int32_t cols) {
+  // The whole output: (rows, cols, modes that place a group's rows; see the header).
+  CUTLASS_HOST_DEVICE static auto whole_shape(int32_t rows, int32_t cols, int32_t batches) {
+    if constexpr (kRagged) {
+      const int32_t big = fixed_tma::kBig, max = fixed_tma::kMax;  // (locals: not odr-used)
+      return cute::make_shape(big, cols, max, max);
+    } else {
+      return cute::make_shape(rows, cols, batches);
+    }
+  }
+  using GmemStride = std::conditional_t<kRagged, cute::Stride<int64_t, cute::_1, int64_t, int64_t>,
+                                        cute::Stride<int64_t, cute::_1, int64_t>>;
+  static auto make_tma(Element* ptr, const OutputMatrix& out) {
     using namespace cute;
-    const int32_t big = fixed_tma::kBig, max = fixed_tma::kMax;
-    auto whole = make_layout(make_shape(big, cols, max, max), GmemStride{ld, {}, fixed_tma::kWrap - ld, ld});
+    GmemStride stride{};
+    if constexpr (kRagged) {
+      // kBig * kWrap = 2^64 elements: the wraparound terms cancel for any element size
+      stride = GmemStride{out.ld, {}, fixed_tma::kWrap - out.ld, out.ld};
+    } else {
+      stride = GmemStride{out.ld, {}, out.batch_stride};
+    }
+    auto whole = make_layout(whole_shape(int32_t(out.rows), int32_t(out.cols), out.batches), stride);
     return make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(ptr), whole), SmemLayoutStage{}, OutTile{}, _1{});
   }
-  using Tma = decltype(make_tma(nullptr, 0, 0));
+  using Tma = decltype(make_tma(nullptr, OutputMatrix{}));
 
   struct Params {
     Tma tma;                        // read in place: the descriptor must stay in param space
+    int32_t rows = 0;               // kBatched: of each group's block
     int32_t cols = 0;
-    const int32_t* offs = nullptr;  // device: cumulative end rows per group
+    int32_t batches = 0;            // kBatched
+    const int32_t* offs = nullptr;  // kRagged: device, cumulative end rows per group
   };
   static Params to_params(const OutputMatrix& out, const int32_t* offs) {
     Params p;
-    if (out.ptr != nullptr) p.tma = make_tma(static_cast<Element*>(out.ptr), out.ld, int32_t(out.cols));
+    if (out.ptr != nullptr) p.tma = make_tma(static_cast<Element*>(out.ptr), out);
+    p.rows = int32_t(out.rows);
     p.cols = int32_t(out.cols);
+    p.batches = out.batches;
     p.offs = offs;
     return p;
   }
@@ -89,9 +119,9 @@ struct RaggedTmaStore {
     SmemR2S smem_r2s;    // (R2S,R2S_M,R2S_N,PIPE)
     Element* smem;       // the stages' buffers
     Params const* params;
-    int32_t row0;        // TMA coordinates of the tile's origin: BIG - rows + m * CTA_M, ...
-    int32_t col0;        //   n * CTA_N,
-    int32_t row_end;     //   and the group's begin + rows (see the header)
+    int32_t row0;        // TMA coordinates of the tile's origin: kRagged BIG - rows + m * CTA_M,
+    int32_t col0;        //   n * CTA_N and the group's begin + rows (see the header);
+    int32_t group;       //   kBatched m * CTA_M, n * CTA_N and the group
 
     // The values of the collective's fragment epi_v of the current subtile.
     template <int FragmentSize>
@@ -106,7 +136,7 @@ struct RaggedTmaStore {
                  smem_r2s(cute::_, cute::_, cute::_, store_iteration % kStages));
     }
     CUTLASS_DEVICE void to_gmem(int epi_m, int epi_n, int store_iteration, bool issue) {
-      tma_store<CtaTile>(params, smem, row0, col0, row_end, epi_m, epi_n, store_iteration, issue);
+      tma_store<CtaTile>(params, smem, row0, col0, group, epi_m, epi_n, store_iteration, issue);
     }
   };
 
@@ -120,7 +150,7 @@ struct RaggedTmaStore {
     int32_t first_n;
     Element* smem;
     Params const* params;
-    int32_t row0, col0, row_end;  // as TileStore's
+    int32_t row0, col0, group;  // as TileStore's
 
     template <int FragmentSize>
     CUTLASS_DEVICE void set(int epi_v, cutlass::Array<Element, FragmentSize / 2> const& pair_values) {
@@ -141,20 +171,27 @@ struct RaggedTmaStore {
       }
     }
     CUTLASS_DEVICE void to_gmem(int epi_m, int epi_n, int store_iteration, bool issue) {
-      tma_store<CtaTile>(params, smem, row0, col0, row_end, epi_m, epi_n, store_iteration, issue);
+      tma_store<CtaTile>(params, smem, row0, col0, group, epi_m, epi_n, store_iteration, issue);
     }
   };
 
   // The storing thread's TMA store of subtile (epi_m, epi_n) of the output tile at (row0,
-  // col0) of a group ending at row_end (see the header).
+  // col0) of `group` (see TileStore).
   template <class CtaTile>
   CUTLASS_DEVICE static void tma_store(Params const* params, Element* smem, int32_t row0, int32_t col0,
-                                       int32_t row_end, int epi_m, int epi_n, int store_iteration, bool issue) {
+                                       int32_t group, int epi_m, int epi_n, int store_iteration, bool issue) {
     using namespace cute;
     if (!issue) return;
-    const int32_t big = fixed_tma::kBig, max = fixed_tma::kMax;
-    Tensor whole = params->tma.get_tma_tensor(make_shape(big, params->cols, max, max));
-    Tensor g_tile = local_tile(domain_offset(make_coord(row0, col0), whole(_, _, big, row_end)), CtaTile{},
+    Tensor whole = params->tma.get_tma_tensor(whole_shape(params->rows, params->cols, params->batches));
+    auto rows_of_group = [&] {
+      if constexpr (kRagged) {
+        const int32_t big = fixed_tma::kBig;
+        return whole(_, _, big, group);
+      } else {
+        return whole(_, _, group);
+      }
+    };
+    Tensor g_tile = local_tile(domain_offset(make_coord(row0, col0), rows_of_group()), CtaTile{},
                                make_coord(0, 0));  // (CTA_M,CTA_N) of the output
     Tensor s_epi = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
     auto s2g = params->tma.get_slice(_0{});
@@ -167,14 +204,19 @@ struct RaggedTmaStore {
   template <bool ReferenceSrc, class Args>
   CUTLASS_DEVICE static auto tile(Params const* params, SharedStorage& storage, Args const& args) {
     using namespace cute;
-    const int32_t rows = int32_t(get<0>(args.problem_shape_mnkl));  // the group's
     const int m = get<0>(args.tile_coord_mnkl), n = get<1>(args.tile_coord_mnkl), l = get<3>(args.tile_coord_mnkl);
-    const int32_t begin = l == 0 ? 0 : params->offs[l - 1];
     constexpr int kCtaM = decltype(size<0>(args.tile_shape_mnk))::value;
     constexpr int kCtaN = decltype(size<1>(args.tile_shape_mnk))::value;  // of D
     static_assert(std::is_same_v<decltype(shape(args.epi_tile)), decltype(shape(EpiTile{}))>, "EpiTile: the collective's");
     using CtaTile = Shape<Int<kCtaM>, Int<kCtaN * kColumnsPerPair / 2>>;  // of the output
-    const int32_t row0 = fixed_tma::kBig - rows + m * kCtaM, col0 = n * (kCtaN * kColumnsPerPair / 2);
+    const int32_t col0 = n * (kCtaN * kColumnsPerPair / 2);
+    int32_t row0 = m * kCtaM, group = l;
+    if constexpr (kRagged) {
+      const int32_t rows = int32_t(get<0>(args.problem_shape_mnkl));  // the group's
+      const int32_t begin = l == 0 ? 0 : params->offs[l - 1];
+      row0 += fixed_tma::kBig - rows;
+      group = begin + rows;
+    }
     // the thread's D elements of one subtile, as the collective partitions them
     Tensor partition = cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
         make_identity_tensor(take<0, 2>(args.tile_shape_mnk)), args.epi_tile, args.tiled_copy, args.thread_idx);
@@ -186,18 +228,73 @@ struct RaggedTmaStore {
                                                         make_tiled_copy_D(Copy_Atom<CopyOpR2S, Element>{}, args.tiled_copy));
       Tensor smem_r2s = tiled_r2s.get_slice(args.thread_idx).partition_D(s_epi);
       return TileStore<decltype(regs), decltype(tiled_r2s), decltype(smem_r2s), CtaTile>{
-          regs, tiled_r2s, smem_r2s, storage.smem.data(), params, row0, col0, begin + rows};
+          regs, tiled_r2s, smem_r2s, storage.smem.data(), params, row0, col0, group};
     } else {
       constexpr int kValues = decltype(size(take<0, 3>(shape(partition))))::value / 2;
       const int32_t first_m = int32_t(get<0>(args.problem_shape_mnkl)) - int32_t(get<0>(args.residue_tCcD)) - m * kCtaM;
       const int32_t first_n = int32_t(get<1>(args.problem_shape_mnkl)) - int32_t(get<1>(args.residue_tCcD)) - n * kCtaN;
       return PairTileStore<decltype(args.tCcD), kValues, CtaTile>{
-          {}, args.tCcD, first_m, first_n, storage.smem.data(), params, row0, col0, begin + rows};
+          {}, args.tCcD, first_m, first_n, storage.smem.data(), params, row0, col0, group};
     }
   }
 };
 
-// Stands in for a RaggedTmaStore's TileStore where a variant has no such output.
+// D itself through a FixedTmaStore: the root of an epilogue tree whose child computes the
+// output in fp32. The kernel's collective then has no D (ElementD void), which removes its
+// per-group D descriptor, rewritten (after waiting for every TMA store in flight) whenever
+// a CTA's next tile belongs to another group. Same bits: one rounding to Element.
+template <class Element, class EpiTile, int kStages, OutputRows kRows = OutputRows::kRagged>
+struct Sm90StoreD : NodeWithoutLoads {
+  using Store = FixedTmaStore<Element, EpiTile, kStages, 2, kRows>;
+  using ElementAux = Element;  // CUTLASS takes a void D's element from the tree's root
+  struct Arguments {
+    OutputMatrix d;
+    const int32_t* offs = nullptr;  // device: cumulative end rows per group
+  };
+  struct SharedStorage {
+    typename Store::SharedStorage d;
+  };
+  using Params = typename Store::Params;
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
+    return Store::to_params(a.d, a.offs);
+  }
+
+  Params const* params = nullptr;  // in place: the TMA descriptor stays in parameter space
+  SharedStorage* storage = nullptr;
+  CUTLASS_HOST_DEVICE Sm90StoreD() {}
+  CUTLASS_HOST_DEVICE Sm90StoreD(Params const& p, SharedStorage const& s)
+      : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
+
+  template <class DStore>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE explicit ConsumerStoreCallbacks(DStore d_store) : d_store(d_store) {}
+    DStore d_store;
+
+    template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
+                              cutlass::Array<ElementInput, FragmentSize> const& frg_d) {
+      d_store.template set<FragmentSize>(
+          epi_v, cutlass::NumericArrayConverter<Element, ElementInput, FragmentSize>{}(frg_d));
+      return frg_d;
+    }
+    CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
+      if (issue_smem_store) d_store.to_smem(epi_m, epi_n, store_iteration);
+    }
+    CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
+      d_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(
+      cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto d_store = Store::template tile<ReferenceSrc>(params, storage->d, args);
+    return ConsumerStoreCallbacks<decltype(d_store)>(d_store);
+  }
+};
+
+// Stands in for a FixedTmaStore's TileStore where a variant has no such output.
 struct NoTileStore {
   template <int FragmentSize, class Values>
   CUTLASS_DEVICE void set(int, Values const&) {}
