@@ -76,12 +76,20 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   };
 
   LaunchChoice choice;
-  // The "mid" tile (128x192) where compiled, at GPT-OSS-20B and Qwen3-30B-A3B against the
-  // rule's tile (docs/perf-notes.md, "128x192 tiles" and session 6): the fused kernels 5-40%
-  // faster; the plain ragged-M GEMMs with a short reduction 12-28% (a long one, the GPT-OSS
-  // up dgrad at k = 5760, keeps the wide tile, 3-7% faster there); the weight gradients
-  // 9-23% (within 3% at the GPT-OSS up projection).
-  if (p.act != Act::Unfused || !ragged_m || short_reduction) choice.index = first_with_role(TileRole::Mid);
+  // The "mid" tile (128x192) where compiled: at GPT-OSS-20B and Qwen3-30B-A3B the fused
+  // kernels 5-40% faster than the rule's tile (docs/perf-notes.md, "128x192 tiles"), the
+  // weight gradients 9-23% (session 6), and the plain ragged-M GEMMs 12-28%, long reductions
+  // included once they walk along n (the GPT-OSS up dgrad at k = 5760: 4.65-4.75 ms against
+  // 4.76-5.44 on 128x256; session 9).
+  // Weight gradients with a wide output and deep groups (GPT-OSS-20B's up projection: n =
+  // 5760, 3072 rows per expert): the 128x256 cooperative tile along the output's rows,
+  // swizzle 4, 6-25% faster than 128x192, balanced and skewed alike (a wave then covers
+  // every row tile of a few column strips: fewer operand bytes from DRAM per wave;
+  // session 9). Narrower outputs (n <= 2880) keep 128x192.
+  const bool deep_groups = rows_per_group >= 2048;
+  const bool wide_wgrad = !ragged_m && p.n >= 4096 && deep_groups;
+  if (wide_wgrad) choice.index = first_with_role(TileRole::Wide);
+  if (choice.index < 0) choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
@@ -89,17 +97,29 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   if (choice.index < 0) return choice;  // nothing compiled serves p
   const TileConfig& chosen = candidates[choice.index];
   const bool pingpong = chosen.schedule == Schedule::Pingpong;
-  if (!ragged_m && chosen.role == TileRole::Mid) {
-    // Weight gradients on the 128x192 tile: along n, unswizzled (the best or within 2% of
-    // it of the six orders measured at both models).
-    choice.raster_along_n = true;
-    choice.swizzle = 1;
-  } else if (ragged_m && p.act == Act::Unfused && chosen.role == TileRole::Mid) {
-    // Plain GEMMs on the 128x192 tile: along m. Swizzle 2 only for deep groups: the
-    // scheduler pads each group's tile grid to whole swizzle strips, which costs groups of
-    // a few tiles (Qwen3: 8 row tiles per expert) up to 12% and deep ones nothing.
+  if (wide_wgrad && chosen.role == TileRole::Wide) {
     choice.raster_along_n = false;
-    choice.swizzle = rows_per_group >= 2048 ? 2 : 1;
+    choice.swizzle = 4;
+  } else if (chosen.role == TileRole::Mid) {
+    // The tile order on the mid tile, from the sweep of every role over raster x swizzle
+    // (session 9, H100; the best order or within 2% of it at both models, both routings):
+    // along n, where the expert's weight strip stays in L2 while row tiles stream past;
+    // swizzle 4 for the fused kernels' and the weight gradients' tiles (the fused backward
+    // 1-15% over swizzle 1; the GPT-OSS fused forward 5% over swizzle 2), 2 for plain
+    // deep groups, and along m for the plain GEMMs of shallow groups (Qwen3: 8 row tiles
+    // per expert, where the group scheduler pads each group's grid to whole swizzle strips).
+    const bool fused_forward = ragged_m && p.act != Act::Unfused && !is_act_backward(p.variant);
+    const bool plain_ragged_m = ragged_m && p.act == Act::Unfused;
+    if (plain_ragged_m) {
+      choice.raster_along_n = deep_groups;
+      choice.swizzle = deep_groups ? 2 : 1;
+    } else if (fused_forward && !deep_groups) {
+      choice.raster_along_n = true;
+      choice.swizzle = 2;
+    } else {
+      choice.raster_along_n = true;
+      choice.swizzle = 4;
+    }
   } else if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;
     choice.swizzle = pingpong ? 2 : 1;

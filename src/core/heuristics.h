@@ -49,18 +49,19 @@ struct LaunchChoice {
   int swizzle = 1;
 };
 
-// Measured rules first (docs/perf-notes.md, "v2"), by tile role (codegen/kernel_space.py):
-// a short reduction (ragged M: k <= 3072; ragged K: <= 1536 rows per group on average,
-// since skew deepens some groups; n <= 3072 for both) runs the "narrow" tile (128x128
-// pingpong, whose epilogue overlaps the other warpgroup's mainloop); longer ones, and every
-// fused activation backward, the "wide" one (128x256 cooperative). Tall groups (rows per
-// group >= n), and every pingpong launch (never slower so, faster under skew), walk tiles
-// along n, keeping the expert's weight in L2 while rows stream past. Falls back to the cost
-// model when the variant has no tile of the wanted role, and for tiny ragged-M groups
-// (<= 64 rows on average), where the "small" tile can win. The fused kernels, the weight
-// gradients and the plain ragged-M GEMMs with a short reduction take their "mid" tile
-// (128x192) first, where compiled; plain ragged-M GEMMs on it walk along m (swizzle 2 for
-// groups of >= 2048 rows), weight gradients along n.
+// Measured rules first (docs/perf-notes.md), by tile role (codegen/kernel_space.py): every
+// kernel takes its "mid" tile (128x192) where compiled, except the weight gradient of a
+// wide output over deep groups (n >= 4096, >= 2048 rows per group on average), which takes
+// the "wide" one (128x256 cooperative) along m, swizzle 4. The mid tile's order: along n
+// (the expert's weight strip stays in L2 while row tiles stream past), swizzle 4 for the
+// fused kernels and the weight gradients (2 for the fused forward over shallow groups),
+// 2 for plain ragged-M GEMMs over deep groups, and along m unswizzled for plain GEMMs over
+// shallow ones. Without a mid tile: a short reduction (ragged M: k <= 3072; ragged K:
+// <= 1536 rows per group on average, since skew deepens some groups; n <= 3072 for both)
+// runs the "narrow" tile (128x128 pingpong), longer ones and the fused backward the "wide"
+// one; tall groups (rows per group >= n) and pingpong launches walk along n. The cost model
+// decides when the variant has no tile of the wanted role, and for tiny ragged-M groups
+// (<= 64 rows on average), where the "small" tile can win.
 LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

@@ -76,10 +76,12 @@ TEST(ChooseLaunch, ShortReductionsPingpongLongOnesCooperative) {
   LaunchChoice up = choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, all, 132);
   EXPECT_EQ(up.index, 0);
   EXPECT_FALSE(up.raster_along_n);
-  // Weight gradient, 3072 rows per expert deep: cooperative, swizzled; Qwen3's 1024: pingpong.
+  // Weight gradient, 3072 rows per expert deep, n = 5760: cooperative along m, swizzle 4;
+  // Qwen3's 1024: pingpong.
   LaunchChoice wg = choose_launch({KernelVariant::RaggedK_OutF32, 98304, 5760, 2880, 32}, all, 132);
   EXPECT_EQ(wg.index, 3);
-  EXPECT_EQ(wg.swizzle, 2);
+  EXPECT_FALSE(wg.raster_along_n);
+  EXPECT_EQ(wg.swizzle, 4);
   LaunchChoice qwen = choose_launch({KernelVariant::RaggedK_OutF32, 131072, 2048, 768, 128}, all, 132);
   EXPECT_EQ(qwen.index, 4);
 }
@@ -100,8 +102,8 @@ TEST(ChooseLaunch, PicksTheWantedRoleWhateverItsTile) {
   EXPECT_EQ(choose_launch(down, {kCoop, narrow}, 132).index, 1);
 }
 
-// The fused kernels, and plain ragged-M GEMMs with a short reduction, take their "mid"
-// tile where compiled; long reductions and ragged K keep their rules.
+// Every ragged-M kernel, fused or plain, short or long reduction, takes its "mid" tile
+// where compiled; without one, the rule's tile.
 TEST(ChooseLaunch, RaggedMKernelsTakeTheirMidTile) {
   std::vector<TileConfig> candidates;
   for (KernelVariant v : {KernelVariant::RaggedM_BRow, KernelVariant::ActFwd_BRow, KernelVariant::ActBwd_BCol}) {
@@ -120,31 +122,32 @@ TEST(ChooseLaunch, RaggedMKernelsTakeTheirMidTile) {
   EXPECT_EQ(chosen(KernelVariant::ActFwd_BRow, Act::Swiglu).role, TileRole::Mid);
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Mid);
   EXPECT_EQ(chosen(KernelVariant::RaggedM_BRow, Act::Unfused).role, TileRole::Mid);
-  // the GPT-OSS up dgrad: k = 5760
+  // the GPT-OSS up dgrad, a long reduction (k = 5760), too
   const LaunchChoice up_dgrad = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 5760, 32}, candidates, 132);
-  EXPECT_EQ(candidates[up_dgrad.index].role, TileRole::Wide);
+  EXPECT_EQ(candidates[up_dgrad.index].role, TileRole::Mid);
+  EXPECT_TRUE(up_dgrad.raster_along_n);
   candidates.pop_back();  // no mid tile for the backward: the rule's wide one
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Wide);
 }
 
-// Weight gradients take the mid tile where compiled, along n.
+// Weight gradients take the mid tile where compiled, along n, swizzle 4.
 TEST(ChooseLaunch, WeightGradientsTakeTheMidTileAlongN) {
   TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
   wide.variant = KernelVariant::RaggedK_OutBF16;
   const LaunchChoice c = choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide, mid}, 132);
   EXPECT_EQ(c.index, 1);
   EXPECT_TRUE(c.raster_along_n);
-  EXPECT_EQ(c.swizzle, 1);
+  EXPECT_EQ(c.swizzle, 4);
   EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide}, 132).index, 0);
 }
 
-// Plain GEMMs on the mid tile walk along m; swizzle 2 only for deep groups, whose padding
-// to whole swizzle strips costs nothing.
+// Plain GEMMs on the mid tile: deep groups along n, swizzle 2; shallow ones along m,
+// unswizzled (the scheduler pads each group's tile grid to whole swizzle strips).
 TEST(ChooseLaunch, PlainMidTileOrder) {
   const TileConfig mid{KernelVariant::RaggedM_BRow, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
   const LaunchChoice gpt = choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {kCoop, kPong, mid}, 132);
   EXPECT_EQ(gpt.index, 2);
-  EXPECT_FALSE(gpt.raster_along_n);
+  EXPECT_TRUE(gpt.raster_along_n);
   EXPECT_EQ(gpt.swizzle, 2);  // 3072 rows per expert
   const LaunchChoice qwen = choose_launch({KernelVariant::RaggedM_BRow, 131072, 2048, 768, 128}, {kCoop, kPong, mid}, 132);
   EXPECT_EQ(qwen.index, 2);
@@ -193,3 +196,39 @@ TEST(ChooseActivation, OnlyTheProblemsActivationServesAndTheBackwardGetsTheBigTi
 }
 
 }  // namespace
+
+// ... except a wide output over deep groups (GPT-OSS-20B's up projection), which takes the
+// wide cooperative tile along the output's rows, swizzle 4; its down projection (n = 2880)
+// keeps the mid tile along n.
+TEST(ChooseLaunch, WideWeightGradientsTakeTheWideTileAlongM) {
+  TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  wide.variant = KernelVariant::RaggedK_OutBF16;
+  const LaunchChoice up = choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 5760, 2880, 32}, {wide, mid}, 132);
+  EXPECT_EQ(up.index, 0);
+  EXPECT_FALSE(up.raster_along_n);
+  EXPECT_EQ(up.swizzle, 4);
+  const LaunchChoice down = choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 2880, 2880, 32}, {wide, mid}, 132);
+  EXPECT_EQ(down.index, 1);
+  EXPECT_TRUE(down.raster_along_n);
+  // shallow groups (Qwen3-30B-A3B, 1024 rows per expert) keep the mid tile even when wide
+  EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 4096, 2048, 128}, {wide, mid}, 132).index, 1);
+}
+
+// The fused kernels on the mid tile walk along n: the backward with swizzle 4 always, the
+// forward with swizzle 4 over deep groups (GPT-OSS-20B) and 2 over shallow ones (Qwen3).
+TEST(ChooseLaunch, FusedMidTileOrder) {
+  const TileConfig fwd{KernelVariant::ActFwd_BRow, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Swiglu, TileRole::Mid};
+  const TileConfig bwd{KernelVariant::ActBwd_BCol, 128, 192, 64, 2, 1, Schedule::Cooperative, Act::Swiglu, TileRole::Mid};
+  const std::vector<TileConfig> both = {fwd, bwd};
+  for (int64_t rows : {98304, 131072}) {
+    const int groups = rows == 98304 ? 32 : 128;  // 3072 and 1024 rows per expert
+    const LaunchChoice f = choose_launch({KernelVariant::ActFwd_BRow, rows, 5760, 2880, groups, Act::Swiglu}, both, 132);
+    EXPECT_EQ(f.index, 0);
+    EXPECT_TRUE(f.raster_along_n);
+    EXPECT_EQ(f.swizzle, groups == 32 ? 4 : 2);
+    const LaunchChoice b = choose_launch({KernelVariant::ActBwd_BCol, rows, 2880, 2880, groups, Act::Swiglu}, both, 132);
+    EXPECT_EQ(b.index, 1);
+    EXPECT_TRUE(b.raster_along_n);
+    EXPECT_EQ(b.swizzle, 4);
+  }
+}
