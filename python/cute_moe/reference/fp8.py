@@ -1,0 +1,139 @@
+"""The FP8 training recipe's quantizers and GEMMs, in PyTorch (docs/fp8.md): the ground truth
+the FP8 kernels are held to (each FP8 GEMM against these on the same quantized inputs)."""
+# e4m3 values with one fp32 scale per block: x ~= q * scale, scale = amax(block) / 448 (1 for
+# an all-zero block), so the block's largest magnitude lands on e4m3's largest finite value.
+# Three block shapes, each along the reduction dimension of the GEMM that consumes it:
+#   1 x 128     activations and gradients feeding a ragged-M GEMM (reduction along columns)
+#   128 x 128   weights (either GEMM reads them, so both dimensions are blocked)
+#   128 x 1     activations and gradients feeding a weight gradient (reduction along rows);
+#               the row blocks start at each group's first row, so no block straddles two
+#               experts: group e has ceil(rows_e / 128) blocks, after those of groups < e.
+from __future__ import annotations
+
+import torch
+
+from .groups import group_bounds
+
+__all__ = ["FP8_DTYPE", "FP8_MAX", "BLOCK", "quantize_1x128", "dequantize_1x128",
+           "quantize_128x128", "dequantize_128x128", "group_row_blocks", "quantize_128x1",
+           "dequantize_128x1", "grouped_mm_fp8_ref", "grouped_mm_wgrad_fp8_ref"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3fn's largest finite magnitude
+BLOCK = 128
+
+
+def _scale(amax: torch.Tensor) -> torch.Tensor:
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # x / scale is within [-448, 448] by construction; the clamp only absorbs rounding
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _blocks(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK
+
+
+def _pad_cols(x: torch.Tensor) -> torch.Tensor:
+    pad = _blocks(x.shape[-1]) * BLOCK - x.shape[-1]
+    return torch.nn.functional.pad(x, (0, pad)) if pad else x
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, k) -> e4m3 (rows, k) and fp32 scales (rows, ceil(k / 128)): one per row and
+    128 consecutive columns (a last, shorter block where k is not a multiple of 128)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_1x128: expected a 2-D (rows, k) tensor, got shape {tuple(x.shape)}")
+    rows, k = x.shape
+    xp = _pad_cols(x.float()).view(rows, -1, BLOCK)
+    scale = _scale(xp.abs().amax(dim=-1))
+    q = _cast(xp, scale[..., None]).view(rows, -1)[:, :k]
+    return q.contiguous(), scale
+
+
+def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of quantize_1x128's output."""
+    rows, k = q.shape
+    return (_pad_cols(q.float()).view(rows, -1, BLOCK) * scale[..., None]).view(rows, -1)[:, :k]
+
+
+def quantize_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., k, n) -> e4m3 (..., k, n) and fp32 scales (..., ceil(k / 128), ceil(n / 128))."""
+    if w.dim() < 2:
+        raise ValueError(f"quantize_128x128: expected a (..., k, n) tensor, got shape {tuple(w.shape)}")
+    *lead, k, n = w.shape
+    kb, nb = _blocks(k), _blocks(n)
+    wp = torch.nn.functional.pad(w.float(), (0, nb * BLOCK - n, 0, kb * BLOCK - k))
+    tiles = wp.reshape(*lead, kb, BLOCK, nb, BLOCK)
+    scale = _scale(tiles.abs().amax(dim=(-3, -1)))
+    q = _cast(tiles, scale[..., :, None, :, None]).reshape(*lead, kb * BLOCK, nb * BLOCK)
+    return q[..., :k, :n].contiguous(), scale
+
+
+def dequantize_128x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of quantize_128x128's output."""
+    *lead, k, n = q.shape
+    full = scale.repeat_interleave(BLOCK, dim=-2).repeat_interleave(BLOCK, dim=-1)
+    return q.float() * full[..., :k, :n]
+
+
+def group_row_blocks(offs: torch.Tensor, m: int) -> list[tuple[int, int, int]]:
+    """(first row, end row, first scale block) of every group's 128-row blocks: group e's
+    blocks come after those of the groups before it, ceil(rows_e / 128) of them. At most
+    ceil(m / 128) + groups blocks in all: the size the kernels allocate, the host knowing no
+    routing."""
+    out, block = [], 0
+    for start, end in group_bounds(offs, m):
+        out.append((start, end, block))
+        block += _blocks(end - start)
+    return out
+
+
+def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, n) routed rows sorted by expert -> e4m3 (m, n) and fp32 scales
+    (ceil(m / 128) + groups, n): one per column and 128 rows of one group, the blocks of each
+    group starting at its first row (group_row_blocks). Unused scale rows are 1; padding
+    rows (at or past offs[-1]) quantize to zero."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_128x1: expected a 2-D (m, n) tensor, got shape {tuple(x.shape)}")
+    m, n = x.shape
+    q = torch.zeros(m, n, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.ones(_blocks(m) + offs.numel(), n, dtype=torch.float32, device=x.device)
+    for start, end, first in group_row_blocks(offs, m):
+        for b, r in enumerate(range(start, end, BLOCK)):
+            rows = x[r:min(r + BLOCK, end)].float()
+            s = _scale(rows.abs().amax(dim=0))
+            scale[first + b] = s
+            q[r:r + rows.shape[0]] = _cast(rows, s)
+    return q, scale
+
+
+def dequantize_128x1(q: torch.Tensor, scale: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """fp32 values of quantize_128x1's output (padding rows zero)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for start, end, first in group_row_blocks(offs, q.shape[0]):
+        for b, r in enumerate(range(start, end, BLOCK)):
+            stop = min(r + BLOCK, end)
+            out[r:stop] = q[r:stop].float() * scale[first + b]
+    return out
+
+
+def grouped_mm_fp8_ref(xq, x_scale, wq, w_scale, offs, bias=None, out_dtype=torch.float32):
+    """Ragged-M FP8 GEMM: y[rows of e] = deq(x)[rows of e] @ deq(w)[e] (+ bias[e]), x by
+    1 x 128 blocks (m, k), w by 128 x 128 blocks (E, k, n); fp32 math, padding rows zero.
+    What the kernel computes, up to the order of its fp32 sums."""
+    from .gemm import grouped_mm_ref
+    x = dequantize_1x128(xq, x_scale)
+    w = dequantize_128x128(wq, w_scale)
+    return grouped_mm_ref(x, w, offs, None if bias is None else bias.float(), out_dtype=out_dtype)
+
+
+def grouped_mm_wgrad_fp8_ref(aq, a_scale, bq, b_scale, offs, out_dtype=torch.float32):
+    """Ragged-K FP8 weight gradient: dW[e] = deq(a)[rows of e]^T @ deq(b)[rows of e], both
+    (m, .) by 128 x 1 blocks of their group's rows; empty experts exactly zero."""
+    from .gemm import grouped_mm_wgrad_ref
+    a = dequantize_128x1(aq, a_scale, offs)
+    b = dequantize_128x1(bq, b_scale, offs)
+    return grouped_mm_wgrad_ref(a, b, offs, out_dtype=out_dtype)

@@ -1,0 +1,133 @@
+# The FP8 recipe's quantizers and reference GEMMs (cute_moe.reference.fp8, docs/fp8.md)
+# against naive float64 loops written independently of them: scales, the round-trip error
+# e4m3 allows, the block grid along each group's rows, and the GEMMs on dequantized inputs.
+import math
+
+import pytest
+import torch
+
+from cute_moe.reference import fp8
+from cute_moe.reference import grouped_mm_ref, grouped_mm_wgrad_ref, offsets_from_counts
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_e4m3_roundtrip(x, deq, scale_of):
+    """|deq - x| within half an e4m3 step: 2^-4 relative for normals, 2^-10 of the scale
+    for subnormals (e4m3: 3 mantissa bits, smallest normal 2^-6)."""
+    x, deq, s = x.double(), deq.double(), scale_of.double()
+    bound = torch.maximum(x.abs() * 2.0 ** -4, s * 2.0 ** -10) * (1 + 1e-6)
+    assert bool(((deq - x).abs() <= bound).all()), float(((deq - x).abs() - bound).max())
+
+
+@pytest.mark.parametrize("k", [128, 384, 200, 7])
+def test_quantize_1x128_scales_and_roundtrip(k):
+    x = torch.randn(37, k, generator=gen(k)) * torch.logspace(-3, 2, 37)[:, None]
+    q, s = fp8.quantize_1x128(x)
+    assert q.dtype == fp8.FP8_DTYPE and q.shape == x.shape
+    assert s.shape == (37, math.ceil(k / 128)) and s.dtype == torch.float32
+    for r in range(37):
+        for b in range(s.shape[1]):
+            block = x[r, b * 128:(b + 1) * 128].double()
+            assert s[r, b].item() == pytest.approx(block.abs().max().item() / 448.0, rel=1e-6)
+            assert q[r, b * 128:(b + 1) * 128].float().abs().max().item() == 448.0
+    col_scale = s.repeat_interleave(128, dim=1)[:, :k]
+    assert_e4m3_roundtrip(x, fp8.dequantize_1x128(q, s), col_scale)
+
+
+def test_zero_blocks_get_scale_one_and_stay_zero():
+    x = torch.zeros(4, 256)
+    x[1, 130] = 3.0
+    q, s = fp8.quantize_1x128(x)
+    expect = torch.ones(4, 2)
+    expect[1, 1] = 3.0 / 448.0  # in fp32, as the scales are
+    assert torch.equal(s, expect)
+    assert torch.equal(fp8.dequantize_1x128(q, s), x)
+
+
+@pytest.mark.parametrize("shape", [(3, 256, 384), (2, 200, 130), (128, 128)])
+def test_quantize_128x128_blocks(shape):
+    w = torch.randn(*shape, generator=gen(len(shape)))
+    q, s = fp8.quantize_128x128(w)
+    *lead, k, n = shape
+    assert s.shape == (*lead, math.ceil(k / 128), math.ceil(n / 128))
+    flat_w, flat_s = w.reshape(-1, k, n), s.reshape(-1, *s.shape[-2:])
+    for e in range(flat_w.shape[0]):
+        for i in range(flat_s.shape[1]):
+            for j in range(flat_s.shape[2]):
+                tile = flat_w[e, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].double()
+                assert flat_s[e, i, j].item() == pytest.approx(tile.abs().max().item() / 448.0, rel=1e-6)
+    full = s.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :k, :n]
+    assert_e4m3_roundtrip(w, fp8.dequantize_128x128(q, s), full)
+
+
+def test_quantize_128x1_blocks_start_at_each_groups_first_row():
+    counts = [130, 0, 5, 256, 1]
+    m = sum(counts) + 9  # 9 padding rows
+    offs = offsets_from_counts(counts)
+    x = torch.randn(m, 24, generator=gen(3))
+    q, s = fp8.quantize_128x1(x, offs)
+    assert s.shape == (math.ceil(m / 128) + len(counts), 24)
+    # naive: walk the groups, 128 rows at a time from each group's start
+    start, block, used = 0, 0, []
+    for c in counts:
+        for r in range(start, start + c, 128):
+            rows = x[r:min(r + 128, start + c)].double()
+            expect = rows.abs().amax(0) / 448.0
+            assert torch.allclose(s[block].double(), expect, rtol=1e-6)
+            used.append(block)
+            block += 1
+        start += c
+    assert block == sum(math.ceil(c / 128) for c in counts) == len(used)
+    assert torch.equal(s[block:], torch.ones_like(s[block:]))  # unused blocks
+    assert bool((q[sum(counts):].float() == 0).all())          # padding rows
+    deq = fp8.dequantize_128x1(q, s, offs)
+    row_scale = torch.ones(m, 24)
+    start, block = 0, 0
+    for c in counts:
+        for r in range(start, start + c, 128):
+            row_scale[r:min(r + 128, start + c)] = s[block]
+            block += 1
+        start += c
+    assert_e4m3_roundtrip(x[:sum(counts)], deq[:sum(counts)], row_scale[:sum(counts)])
+    assert bool((deq[sum(counts):] == 0).all())
+
+
+def test_fp8_gemm_references_compute_on_the_dequantized_operands():
+    counts = [64, 0, 200, 17]
+    offs = offsets_from_counts(counts)
+    m, k, n = sum(counts) + 3, 256, 136
+    x = torch.randn(m, k, generator=gen(5))
+    w = torch.randn(len(counts), k, n, generator=gen(6)) * k ** -0.5
+    xq, xs = fp8.quantize_1x128(x)
+    wq, ws = fp8.quantize_128x128(w)
+    y = fp8.grouped_mm_fp8_ref(xq, xs, wq, ws, offs)
+    exact = grouped_mm_ref(fp8.dequantize_1x128(xq, xs).double(),
+                           fp8.dequantize_128x128(wq, ws).double(), offs, compute_dtype=torch.float64)
+    assert (y.double() - exact).norm() / exact.norm() < 1e-6
+    # against the unquantized product: e4m3's error, a few percent, never zero
+    full = grouped_mm_ref(x.double(), w.double(), offs, compute_dtype=torch.float64)
+    err = ((y.double() - full).norm() / full.norm()).item()
+    assert 1e-3 < err < 6e-2, err
+
+    dy = torch.randn(m, n, generator=gen(7))
+    aq, a_s = fp8.quantize_128x1(x, offs)
+    bq, b_s = fp8.quantize_128x1(dy, offs)
+    dw = fp8.grouped_mm_wgrad_fp8_ref(aq, a_s, bq, b_s, offs)
+    assert dw.shape == (len(counts), k, n)
+    assert bool((dw[1] == 0).all())  # an empty expert: exact zeros
+    exact_dw = grouped_mm_wgrad_ref(x.double(), dy.double(), offs, out_dtype=torch.float64,
+                                    compute_dtype=torch.float64)
+    err = ((dw.double() - exact_dw).norm() / exact_dw.norm()).item()
+    assert 1e-3 < err < 6e-2, err
+
+
+def test_bad_shapes_say_what_was_expected():
+    with pytest.raises(ValueError, match=r"quantize_1x128: expected a 2-D"):
+        fp8.quantize_1x128(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match=r"quantize_128x1: expected a 2-D"):
+        fp8.quantize_128x1(torch.zeros(5), offsets_from_counts([5]))
+    with pytest.raises(ValueError, match=r"offs"):
+        fp8.quantize_128x1(torch.zeros(5, 2), offsets_from_counts([3, 4]))
