@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytest.importorskip("torchtitan", reason="torchtitan is not installed "
+                    "(pip install --no-deps -r requirements-torchtitan.txt)")
 import torchtitan_models as tm  # noqa: F401  (before torchtitan's model packages)
 from cute_moe import testing
 from cute_moe.integrations import torchtitan as ctt
