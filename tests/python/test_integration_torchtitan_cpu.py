@@ -10,6 +10,7 @@
 #   experts and expert-parallel padding rows;
 # - bf16, the package's bf16 functions (the code the GPU runs, minus the kernels): within
 #   bf16 rounding of fp32;
+# - with the op library: torch.compile(fullgraph=True) of a converted module, eager's bits;
 # - FSDP2 (gloo, one and two processes): converted after fully_shard, DTensor placements
 #   of parameters and gradients unchanged, results equal to torchtitan's experts;
 # - errors: experts classes with a forward of their own, quantized parameter types,
@@ -30,6 +31,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("torchtitan", reason="torchtitan is not installed "
                     "(pip install --no-deps -r requirements-torchtitan.txt)")
 import torchtitan_models as tm  # noqa: F401  (before torchtitan's model packages)
+import cute_moe
 from cute_moe import testing
 from cute_moe.integrations import torchtitan as ctt
 from torchtitan.models.gpt_oss.model.moe import GptOssGroupedExperts
@@ -219,6 +221,32 @@ def test_stack_gate_up_is_one_tensor_in_the_kernel_dtype():
     assert torch.equal(w3.grad, g[:, 4:].float())
     with pytest.raises(ValueError, match=r"w1 and w3 of one shape"):
         ctt.stack_gate_up(w1, w3[:, :2], BF16)
+
+
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="needs the op library (its CPU kernels "
+                    "and fake kernels; the references read offs on the host)")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compile_fullgraph_gives_eager_bits(family):
+    """torch.compile(fullgraph=True, backend="aot_eager") of a converted bf16 experts
+    module, forward and backward: no graph break, eager's bits."""
+    ours = ctt.convert(_experts(family, dtype=BF16))
+    args = _inputs(ours, COUNTS["skewed"], padding=3, dtype=BF16)
+    want = _run(ours, *args)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    got = _run_fn(compiled, ours, *args)
+    for name in want:
+        assert torch.equal(got[name], want[name]), (family, name)
+
+
+def _run_fn(fn, module, x, counts, dy):
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    y = fn(x, counts)
+    y.backward(dy.to(y.dtype))
+    out = {"out": y.detach().float(), "x": x.grad.float()}
+    out.update({n: p.grad.float() for n, p in module.named_parameters()})
+    return out
 
 
 # --- FSDP2 (gloo) ----------------------------------------------------------------------

@@ -135,8 +135,10 @@ def _converted_class(cls: type, family: str) -> type:
     key = (cls, family)
     if key not in _CLASSES:
         mixin = _GptOssForward if family == "gpt_oss" else _LlamaForward
-        _CLASSES[key] = type(f"CuteMoE{cls.__name__}", (mixin, cls),
-                             {"__module__": __name__, _CONVERTED: family})
+        attrs = {"__module__": __name__, _CONVERTED: family}
+        if family == "gpt_oss":  # a constant of the class: nothing to look up in the forward
+            attrs["_cute_moe_alpha"] = _gpt_oss_alpha()
+        _CLASSES[key] = type(f"CuteMoE{cls.__name__}", (mixin, cls), attrs)
     return _CLASSES[key]
 
 
@@ -259,7 +261,7 @@ class _GptOssForward:
         tp = _tp_degree(self.mlp1_weight)
         if tp > 1:  # torchtitan's: the bias divided by the TP degree forward, not backward
             b_down = sys.modules[_GPT_OSS_MODULE].ScaleBiasForward.apply(b_down, tp)
-        alpha, limit = _gpt_oss_alpha(), float(self.swiglu_limit)
+        alpha, limit = self._cute_moe_alpha, float(self.swiglu_limit)
         if _use_kernels(self, w_down):
             bf16 = torch.bfloat16
             # torchtitan returns these experts' output in bf16 (grouped_mm + a bf16 bias)
@@ -273,16 +275,11 @@ class _GptOssForward:
                            limit=limit, impl="loop").type_as(x)
 
 
-_ALPHA: list[float] = []
-
-
 def _gpt_oss_alpha() -> float:
     """The alpha torchtitan's GPT-OSS experts call their swiglu with: its default."""
-    if not _ALPHA:
-        fn = getattr(sys.modules.get(_GPT_OSS_MODULE), "swiglu", None)
-        default = inspect.signature(fn).parameters["alpha"].default if fn is not None else None
-        _ALPHA.append(float(default) if isinstance(default, (int, float)) else DEFAULT_ALPHA)
-    return _ALPHA[0]
+    fn = getattr(sys.modules.get(_GPT_OSS_MODULE), "swiglu", None)
+    default = inspect.signature(fn).parameters["alpha"].default if fn is not None else None
+    return float(default) if isinstance(default, (int, float)) else DEFAULT_ALPHA
 
 
 # --- torchtitan's model converter ------------------------------------------------------
