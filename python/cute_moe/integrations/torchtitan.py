@@ -32,8 +32,8 @@
 #   GptOssGroupedExperts: mlp1_weight (E, 2I, D) with interleaved (gate, linear) rows and
 #     mlp1_bias, mlp2_weight (E, D, I), mlp2_bias; torchtitan's clamped SwiGLU (alpha
 #     1.702, swiglu_limit) is "swiglu_oai", the kernels' native layout: read in place.
-# Both also run with expert tensor parallelism the way torchtitan's experts do (local
-# shards; GPT-OSS's down bias divided by the TP degree in the forward only).
+# Both also follow torchtitan's experts under expert tensor parallelism (local shards;
+# GPT-OSS's down bias divided by the TP degree in the forward only; not run yet).
 # The kernels compute in bf16 on SM90 GPUs (x and the weights cast to bf16 as torchtitan's
 # grouped_mm experts do; no host sync, no data-dependent Python: CUDA-graph and
 # torch.compile friendly). On the CPU the same forward runs cute_moe's PyTorch references
@@ -54,7 +54,7 @@ from ..expert_ffn import expert_ffn
 from ..reference.moe import experts_ref
 
 __all__ = ["NAME", "UnsupportedExpertsError", "convert", "is_converted", "experts_modules",
-           "CuteMoEConverter", "register"]
+           "stack_gate_up", "CuteMoEConverter", "register"]
 
 NAME = "cute_moe"
 # Where torchtitan keeps GPT-OSS's experts: looked up when a model has them (importing the
