@@ -31,6 +31,9 @@ if [ "$mode" = --bench ]; then
   "$PYTHON" -m pip install -q -r requirements-bench.txt
 else
   "$PYTHON" -m pip install -q -r requirements-dev.txt
+  # torchtitan and the few packages its model code imports, without their dependency trees
+  # (torchtitan's own would pull datasets/pyarrow and wandb): requirements-torchtitan.txt
+  "$PYTHON" -m pip install -q --no-deps -r requirements-torchtitan.txt
 fi
 # CUTLASS/CuTe headers: the wheel carries them; --no-deps keeps its Python tooling out.
 "$PYTHON" -m pip install -q --no-deps "nvidia-cutlass==${CUTLASS_WHEEL_VERSION}"

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+# Tokens/s of a torchtitan MoE model's training step with torchtitan's default experts
+# (torch._grouped_mm, activation and biases unfused, token groups padded to 8) against
+# cute_moe's (cute_moe.integrations.torchtitan), same run, same weights, same batches.
+# The model is torchtitan's own (Qwen3-MoE, GPT-OSS), a few layers at Qwen3-30B-A3B's MoE
+# dimensions (dim 2048, 128 experts of 768, top-8, [gate | up] halves from w1 and w3)
+# and GPT-OSS-20B's (dim 2880, 32 experts of 2880, top-4, clamped SwiGLU with biases),
+# built and stepped the way torchtitan's Trainer does (tests/python/torchtitan_models.py:
+# train spec, model converter "cute_moe", parallelize function, AdamW with MoE load
+# balancing, gradient clipping). The default experts run first, so a GPU fresh from idle
+# favours the baseline. Also times the per-call [w1; w3] stack of one Qwen3 layer
+# against torchtitan's per-call bf16 casts of w1 and w3.
+#
+# One GPU (fp32 parameters under torchtitan's AMP, as its single-device training):
+#   python bench/bench_torchtitan.py [--models qwen3-30b-a3b,gpt-oss-20b] [--layers 2]
+#       [--batch 4] [--seq 2048] [--steps 10] [--json out.json]
+# Several GPUs (FSDP2 over all ranks, bf16 parameters, expert parallel --ep):
+#   torchrun --nproc-per-node 2 bench/bench_torchtitan.py --ep 2   (scripts/torchtitan_2gpu.sh)
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from common import fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
+import torchtitan_models as tm  # noqa: E402  (registers the "cute_moe" converter)
+
+IMPLS = ("torchtitan", "cute_moe")
+
+
+def qwen3_30b_a3b(args):
+    a = tm.qwen3_args(dim=2048, inter=768, experts=128, top_k=8, layers=args.layers,
+                      vocab=args.vocab, heads=32, head_dim=128)
+    a.n_kv_heads, a.hidden_dim = 4, 6144
+    return "qwen3", a
+
+
+def gpt_oss_20b(args):
+    a = tm.gpt_oss_args(dim=2880, inter=2880, experts=32, top_k=4, layers=args.layers,
+                        vocab=args.vocab, heads=64, head_dim=64)
+    a.n_kv_heads, a.sliding_window_size = 8, 128
+    return "gpt_oss", a
+
+
+MODELS = {"qwen3-30b-a3b": qwen3_30b_a3b, "gpt-oss-20b": gpt_oss_20b}
+
+
+def setup_distributed(args):
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.distributed.init_process_group("nccl")
+    if args.ep > 1 and world % args.ep:
+        raise SystemExit(f"--ep {args.ep} must divide the world size {world}")
+    return world
+
+
+def run(name, model_args, impl, job, dims, data, state_dict, args):
+    """Trains `impl`'s model from `state_dict` on `data`: per-step ms (CUDA events),
+    losses, peak memory."""
+    model = tm.build_model(name, model_args, job, dims, "cuda", cute=impl == "cute_moe",
+                           state_dict=state_dict)
+    step = tm.TrainStep(name, model, model_args, job, dims)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    for x, y in data:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        losses.append(step.step(x, y))
+        end.record()
+        times.append((start, end))
+    losses = torch.stack(losses)
+    if torch.distributed.is_initialized():  # each rank's loss is its share of the global mean
+        torch.distributed.all_reduce(losses)
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in times[args.warmup:])
+    out = dict(step_ms=ms[len(ms) // 2], losses=[float(v) for v in losses.tolist()],
+               peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+    del step, model
+    torch.cuda.empty_cache()
+    return out
+
+
+def stack_cost(model_args, reps=20):
+    """One Qwen3 layer's per-call up-weight preparation: torchtitan's w1.bfloat16() and
+    w3.bfloat16() against cute_moe's [w1; w3] stack, from fp32 (one GPU) and bf16 (FSDP2's
+    unsharded parameters) weights; forward only, ms."""
+    from common import time_ms
+    from cute_moe.integrations.torchtitan import stack_gate_up
+    e, i, d = model_args.moe_args.num_experts, model_args.moe_inter_dim, model_args.dim
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        w1, w3 = (torch.randn(e, i, d, device="cuda", dtype=dtype) for _ in range(2))
+        theirs = time_ms(lambda: (w1.bfloat16(), w3.bfloat16()), reps, 3)
+        ours = time_ms(lambda: stack_gate_up(w1, w3, torch.bfloat16), reps, 3)
+        rows.append((str(dtype).replace("torch.", ""), theirs, ours))
+        del w1, w3
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="torchtitan training step: default experts vs cute_moe")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=4, help="per rank")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=12, help="per implementation, warm-up included")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--ep", type=int, default=1, help="expert-parallel degree (torchrun)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_torchtitan: needs an SM90 GPU", file=sys.stderr)
+        return 2
+    import_cute_moe()
+    world = setup_distributed(args)
+    rank = torch.distributed.get_rank() if world > 1 else 0
+    rows = [("model", "experts", "step ms", "tokens/s", "x", "peak GiB", "loss[0]", "loss[-1]",
+             "max |dloss|/loss")]
+    records = []
+    for key in args.models.split(","):
+        name, model_args = MODELS[key](args)
+        job = tm.job_config(name, seq=args.seq, batch=args.batch, lr=args.lr, steps=args.steps,
+                            ep=args.ep, dp_shard=-1)
+        dims = tm.parallel_dims(job, world)
+        data = tm.batches(args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
+                          device="cuda", seed=rank)
+        t0 = time.time()
+        base = tm.build_model(name, model_args, job, dims, "cuda", cute=False)
+        sd = {k: v.detach().clone() for k, v in base.state_dict().items()}
+        del base
+        runs = {impl: run(name, model_args, impl, job, dims, data, sd, args) for impl in IMPLS}
+        del sd
+        torch.cuda.empty_cache()
+        tokens = args.batch * args.seq * world
+        ref = runs["torchtitan"]
+        dloss = max(abs(a - b) / abs(b) for a, b in zip(runs["cute_moe"]["losses"], ref["losses"]))
+        for impl, r in runs.items():
+            rows.append((key, impl, fmt(r["step_ms"], ".1f"), fmt(tokens / r["step_ms"] * 1e3, ",.0f"),
+                         fmt(ref["step_ms"] / r["step_ms"], ".2f"), fmt(r["peak_gib"], ".2f"),
+                         fmt(r["losses"][0], ".4f"), fmt(r["losses"][-1], ".4f"),
+                         fmt(dloss, ".1e") if impl == "cute_moe" else ""))
+            records.append(dict(model=key, impl=impl, tokens_per_step=tokens,
+                                tokens_per_s=tokens / r["step_ms"] * 1e3, **r))
+        if rank == 0:
+            print(f"# {key}: {args.layers} layers, {tokens} tokens/step, world {world}, ep {args.ep} "
+                  f"({time.time() - t0:.0f} s)", file=sys.stderr)
+    stack = stack_cost(qwen3_30b_a3b(args)[1]) if "qwen3-30b-a3b" in args.models and rank == 0 else []
+    if rank == 0:
+        print(f"torchtitan {args.layers}-layer MoE models, {args.batch}x{args.seq} tokens per rank, "
+              f"{world} GPU(s), EP {args.ep}, {torch.cuda.get_device_name()}; losses per step of the "
+              "same weights and batches")
+        print_columns(rows, left=2)
+        if stack:
+            print("\nper-call up-weight preparation of one Qwen3-30B-A3B layer (128 x 768 x 2048 x 2), ms:")
+            print_columns([("weights", "torchtitan: w1, w3 .bfloat16()", "cute_moe: [w1; w3] stack")]
+                          + [(d, fmt(a, ".3f"), fmt(b, ".3f")) for d, a, b in stack], left=1)
+        if args.json:
+            write_json(args.json, run_meta(layers=args.layers, batch=args.batch, seq=args.seq,
+                                           world=world, ep=args.ep,
+                                           stack_ms=[dict(dtype=d, torchtitan=a, cute_moe=b)
+                                                     for d, a, b in stack]), records)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
