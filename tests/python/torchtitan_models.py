@@ -137,6 +137,21 @@ def build_model(name: str, model_args, job: JobConfig, dims: ParallelDims, devic
     return model
 
 
+def ensure_process_group(device_type: str) -> None:
+    """A one-process group where none is up: torchtitan's Trainer always runs under
+    torchrun, and its MoE load-balancing hook (the expert-bias update of
+    build_optimizers_with_moe_load_balancing) builds the world mesh even on one GPU."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    import socket
+    with socket.socket() as sock:  # a free local port for the one-process rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 class TrainStep:
     """Trainer.train_step of one model part without PP, CP or gradient accumulation:
     zero_grad; forward under torchtitan's AMP context (FSDP: its mixed precision); loss =
@@ -146,6 +161,7 @@ class TrainStep:
     def __init__(self, name: str, model, model_args, job: JobConfig, dims: ParallelDims):
         spec = get_train_spec(name)
         self.model, self.model_args, self.job, self.dims = model, model_args, job, dims
+        ensure_process_group(next(model.parameters()).device.type)
         self.optimizers = spec.build_optimizers_fn([model], job.optimizer, dims)
         self.lr_schedulers = spec.build_lr_schedulers_fn(self.optimizers, job.lr_scheduler,
                                                          job.training.steps)
