@@ -101,13 +101,14 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
     choice.raster_along_n = false;
     choice.swizzle = 4;
   } else if (chosen.role == TileRole::Mid) {
-    // The tile order on the mid tile, from the sweep of every role over raster x swizzle
-    // (session 9, H100; the best order or within 2% of it at both models, both routings):
-    // along n, where the expert's weight strip stays in L2 while row tiles stream past;
-    // swizzle 4 for the fused kernels' and the weight gradients' tiles (the fused backward
-    // 1-15% over swizzle 1; the GPT-OSS fused forward 5% over swizzle 2), 2 for plain
-    // deep groups, and along m for the plain GEMMs of shallow groups (Qwen3: 8 row tiles
-    // per expert, where the group scheduler pads each group's grid to whole swizzle strips).
+    // The tile order on the mid tile, from the sweeps of every role over raster x swizzle
+    // (docs/perf-notes.md, session 9, H100; the best order or within 2% of it at both
+    // models, both routings): along n, where the expert's weight strip stays in L2 while row
+    // tiles stream past (along m loses 8-13% under skew); swizzle 4 for the fused kernels'
+    // and the weight gradients' tiles (the fused backward 1-15% over swizzle 1 in the first
+    // sweep, within 1% of swizzle 2 in the second), 2 for plain deep groups, and along m for
+    // the plain GEMMs of shallow groups (Qwen3: 8 row tiles per expert, where the group
+    // scheduler pads each group's grid to whole swizzle strips).
     const bool fused_forward = ragged_m && p.act != Act::Unfused && !is_act_backward(p.variant);
     const bool plain_ragged_m = ragged_m && p.act == Act::Unfused;
     if (plain_ragged_m) {
