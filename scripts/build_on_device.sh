@@ -2,9 +2,10 @@
 # Runs ON the GPU machine (no network, 16 cores): builds the op library there from the
 # CUTLASS headers carried in .device/cutlass (made here by `bash scripts/build_on_device.sh
 # --stage`, which copies them out of the pinned nvidia-cutlass wheel), and puts it where
-# the GPU scripts load it (python/cute_moe/lib). A full build takes longer than one device
-# call may run on 16 cores, so the build stops itself at BUILD_LIMIT_S (default 540 s) and
-# says so; the very next call (the machine stays warm ~30 s) picks it up where it stopped.
+# the GPU scripts load it (python/cute_moe/lib): 7-8 minutes for all 71 kernels on its 16
+# cores (2026-11-25), against about 50 on the 2-core dev machine. Should it outgrow one
+# device call, it stops itself at BUILD_LIMIT_S (default 540 s) and says so, and the very
+# next call (the machine stays warm ~30 s, build folder and all) picks it up where it stopped.
 #   here:  bash scripts/build_on_device.sh --stage     # once: .device/cutlass (ignored, ~28 MB)
 #   there: bash scripts/build_on_device.sh             # carry [".device"]; exit 3: call again
 set -euo pipefail
