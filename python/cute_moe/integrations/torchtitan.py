@@ -51,6 +51,7 @@ from torchtitan.models.moe.moe import GroupedExperts
 from .. import _library
 from ..activations import DEFAULT_ALPHA
 from ..expert_ffn import expert_ffn
+from ..reference.groups import offsets_from_counts
 from ..reference.moe import experts_ref
 
 __all__ = ["NAME", "UnsupportedExpertsError", "convert", "is_converted", "experts_modules",
@@ -201,11 +202,6 @@ def _unsupported(module: nn.Module, why: str):
         "--model.converters)")
 
 
-def _offsets(num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    # cumulative END offsets, int32, on the device (torch._grouped_mm's convention)
-    return torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
-
-
 class _StackHalves(torch.autograd.Function):
     """[w1; w3] (E, I, D) x 2 -> (E, 2I, D) in `dtype`, one pass (the cast, if any, folded
     in). Backward: the two halves of the gradient, in the parameters' dtypes."""
@@ -238,7 +234,7 @@ class _LlamaForward:
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
-        offs = _offsets(num_tokens_per_expert)
+        offs = offsets_from_counts(num_tokens_per_expert)  # int32 cumulative ends, on its device
         if _use_kernels(self, w2):
             bf16 = torch.bfloat16
             w_up = stack_gate_up(w1, w3, bf16)  # (E, 2I, D): its transposed view is read in place
@@ -257,7 +253,7 @@ class _GptOssForward:
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         w_up, b_up = _local(self.mlp1_weight), _local(self.mlp1_bias)
         w_down, b_down = _local(self.mlp2_weight), _local(self.mlp2_bias)
-        offs = _offsets(num_tokens_per_expert)
+        offs = offsets_from_counts(num_tokens_per_expert)  # int32 cumulative ends, on its device
         tp = _tp_degree(self.mlp1_weight)
         if tp > 1:  # torchtitan's: the bias divided by the TP degree forward, not backward
             b_down = sys.modules[_GPT_OSS_MODULE].ScaleBiasForward.apply(b_down, tp)
