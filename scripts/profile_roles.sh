@@ -13,7 +13,8 @@ export PYTHONPATH=$PWD/python:$PWD/bench:${PYTHONPATH:-}
 METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
 sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,\
-launch__grid_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic
+launch__grid_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,\
+smsp__inst_executed.sum,sm__inst_issued.avg.pct_of_peak_sustained_active
 ncu --profile-from-start off --metrics "$METRICS" -o "$OUT/roles" -f \
   python3 bench/profile_roles.py "$@" > "$OUT/ncu_stdout.txt" 2>&1 || {
   tail -30 "$OUT/ncu_stdout.txt"; exit 1; }
@@ -31,7 +32,9 @@ keys = [("time_us", "gpu__time_duration.sum", 1e-3),
         ("dram%", "dram__throughput.avg.pct_of_peak_sustained_elapsed", 1),
         ("l2hit%", "lts__t_sector_hit_rate.pct", 1), ("grid", "launch__grid_size", 1),
         ("regs", "launch__registers_per_thread", 1),
-        ("smem", "launch__shared_mem_per_block_dynamic", 1)]
+        ("smem", "launch__shared_mem_per_block_dynamic", 1),
+        ("Minst", "smsp__inst_executed.sum", 1e-6),
+        ("issue%", "sm__inst_issued.avg.pct_of_peak_sustained_active", 1)]
 print("kernel (in profiled order) | " + " | ".join(k for k, _, _ in keys))
 for r in rows:
     name = r[col["Kernel Name"]][:70] if "Kernel Name" in col else "?"

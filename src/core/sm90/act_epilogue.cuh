@@ -191,12 +191,11 @@ struct Sm90ActBackward : NodeWithoutLoads {
   // kRowSlots: rows of the tile in steps of 8; a thread's rows sit 8 apart (WGMMA layout),
   // so slot (m - m_first) / 8 names each of its rows. The slot of an element is a
   // compile-time constant after unrolling, so the sums stay in registers.
-  template <class CTensor, class Residue, int kRowSlots, class HpStore, class DlinearStore>
+  template <class CTensor, int kRowSlots, class HpStore, class DlinearStore>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tCcD, Residue residue, ActParams act, float scale, float* partial,
-                                          int64_t rows_left, HpStore hp_store, DlinearStore dlinear_store)
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tCcD, ActParams act, float scale, float* partial, int64_t rows_left,
+                                          HpStore hp_store, DlinearStore dlinear_store)
         : tCcD(tCcD),
-          residue(residue),
           act(act),
           scale(scale),
           partial(partial),
@@ -210,7 +209,6 @@ struct Sm90ActBackward : NodeWithoutLoads {
       }
     }
     CTensor tCcD;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
-    Residue residue;   // (M, N) minus the first element's coordinates
     ActParams act;
     float scale;
     float* partial;     // this thread's first row's partial of this tile column, or null
@@ -262,13 +260,14 @@ struct Sm90ActBackward : NodeWithoutLoads {
           hp[i + j] = cutlass::bfloat16_t(p * h);
           hs += h * s;
         }
-        auto c = coords(epi_v * FragmentSize + i);  // columns (n, n+1) from the first element
-        const int slot = cute::get<0>(c) / 8;
-        const bool inside = cute::elem_less(c, residue);
+        // No bounds test: a column past n has acc = 0 (B is zero-filled there), so s = 0
+        // and h finite (pre is zero-filled too): it adds 0. A row past the group's end
+        // sums garbage that end() never stores.
+        const int slot = cute::get<0>(coords(epi_v * FragmentSize + i)) / 8;
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < kRowSlots; ++s) {
           if (s == slot) {
-            row_sum[s] += inside ? hs : 0.0f;
+            row_sum[s] += hs;
             touched[s] = true;
           }
         }
@@ -324,9 +323,8 @@ struct Sm90ActBackward : NodeWithoutLoads {
         return NoTileStore{};
       }
     }();
-    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD), kRowSlots, decltype(hp_store),
-                                  decltype(dlinear_store)>(args.tCcD, args.residue_tCcD, params->act, scale, partial,
-                                                           cute::get<0>(args.residue_tCcD), hp_store, dlinear_store);
+    return ConsumerStoreCallbacks<decltype(args.tCcD), kRowSlots, decltype(hp_store), decltype(dlinear_store)>(
+        args.tCcD, params->act, scale, partial, cute::get<0>(args.residue_tCcD), hp_store, dlinear_store);
   }
 };
 
