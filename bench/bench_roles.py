@@ -8,10 +8,13 @@
 #
 #   python bench/bench_roles.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--routing balanced]
 #       [--reps 30] [--roles up_fprop_act,...] [--configs NAME,...] [--orders auto,m1,n2]
-#       [--rounds 3] [--json out.json]
+#       [--rounds 3] [--schedules d,s] [--json out.json]
 # --orders: each forced config also under these tile orders (raster m/n + swizzle 1/2/4/8,
 # through CUTE_MOE_RASTER / CUTE_MOE_SWIZZLE; "auto" is the heuristic's order for the
 # heuristic's config and CUTLASS's default, along M with swizzle 1, for a forced one).
+# --schedules: every variant also under these weight-gradient tile schedules (CUTE_MOE_SCHEDULE:
+# d dynamic, s static; d4: dynamic with a lookahead of 4, CUTE_MOE_SCHEDULE_LOOKAHEAD); without
+# it, the default.
 from __future__ import annotations
 
 import argparse
@@ -33,11 +36,13 @@ def compiled(call: str, act: str) -> list[str]:
     return [cfg for c, a, cfg in rows if c == call and a in ("", act)]
 
 
-ENV = ("CUTE_MOE_CONFIG", "CUTE_MOE_RASTER", "CUTE_MOE_SWIZZLE")
+ENV = ("CUTE_MOE_CONFIG", "CUTE_MOE_RASTER", "CUTE_MOE_SWIZZLE", "CUTE_MOE_SCHEDULE",
+       "CUTE_MOE_SCHEDULE_LOOKAHEAD")
 
 
-def forced(fn, config: str | None, order: str = "auto"):
-    values = (config, None if order == "auto" else order[0], None if order == "auto" else order[1:])
+def forced(fn, config: str | None, order: str = "auto", schedule: str | None = None):
+    values = (config, None if order == "auto" else order[0], None if order == "auto" else order[1:],
+              None if schedule is None else schedule[:1], None if schedule is None else schedule[1:] or None)
 
     def run():
         for name, value in zip(ENV, values):
@@ -65,9 +70,11 @@ def bench(shape: str, routing: str, args) -> list[dict]:
         flops = 2 * m * k_dim * n_dim
         configs = [None] + [c for c in compiled(ROLE_CALL[role], s["act"])
                             if not args.configs or c in args.configs]
-        runs = {(config or "heuristic") + ("" if order == "auto" else f" {order}"):
-                forced(ours, config, order)
-                for config in configs for order in (["auto"] if config is None else args.orders)}
+        runs = {(config or "heuristic") + ("" if order == "auto" else f" {order}")
+                + ("" if schedule is None else f" schedule {schedule}"):
+                forced(ours, config, order, schedule)
+                for config in configs for order in (["auto"] if config is None else args.orders)
+                for schedule in (args.schedules or [None])}
         # Rounds over all the role's variants, in alternating directions, the median of each:
         # an H100's clock drifts with how long it has been busy, which would otherwise favour
         # whatever is timed first (docs/perf-notes.md, session 6).
@@ -94,9 +101,11 @@ def main(argv=None) -> int:
                     "all of a role's variants (alternating direction); the median is reported")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--schedules", default="", help="weight-gradient tile schedules to time, e.g. d,s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    args.schedules = [x for x in args.schedules.split(",") if x]
     args.configs = [c for c in args.configs.split(",") if c]
     args.roles = [r for r in args.roles.split(",") if r]
     args.orders = [o for o in args.orders.split(",") if o]

@@ -125,6 +125,15 @@ struct GemmOptions {
   // CUTE_MOE_RASTER, CUTE_MOE_SWIZZLE.
   char raster = 0;
   int swizzle = 0;
+  // How the weight-gradient (ragged-K) kernels hand out their tiles: 'd' dynamically
+  // (each CTA takes the next tile from an atomic counter when it is free: even under
+  // skewed routing), 's' statically (CTA i takes tiles i, i + grid, ...), or 0 for the
+  // default, dynamic. The ragged-M kernels are static. Environment: CUTE_MOE_SCHEDULE.
+  // lookahead: under the dynamic schedule, how many tiles past the one it has started a
+  // CTA may already hold (1 to 8; 0 for the default, 2). Environment:
+  // CUTE_MOE_SCHEDULE_LOOKAHEAD.
+  char schedule = 0;
+  int lookahead = 0;
   // Print every choice to stderr. Environment: CUTE_MOE_LOG_CONFIG=1.
   bool log = false;
 };

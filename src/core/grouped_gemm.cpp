@@ -40,6 +40,8 @@ struct Plan {
   size_t scratch_bytes = 0;  // the call's own: column-sum or row-scale-gradient partials
   bool raster_along_n = false;
   int swizzle = 1;
+  bool dynamic_schedule = true;
+  int lookahead = 2;
   size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
   void* cutlass_workspace(void* base) const { return static_cast<char*>(base) + align_up(arrays_bytes); }
   float* scratch(void* base) const {
@@ -98,6 +100,17 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
                                                    "CUTE_MOE_SWIZZLE), got " + std::to_string(swizzle));
   }
   plan->swizzle = swizzle == 0 ? (raster == 0 ? choice.swizzle : 1) : swizzle;
+  if (opts.schedule != 0 && opts.schedule != 'd' && opts.schedule != 's') {
+    return Result::error(Status::kInvalidArgument,
+                         std::string("schedule must be 'd' or 's' (GemmOptions::schedule, CUTE_MOE_SCHEDULE), got '") +
+                             opts.schedule + "'");
+  }
+  plan->dynamic_schedule = opts.schedule != 's';
+  if (opts.lookahead < 0 || opts.lookahead > 8) {
+    return Result::error(Status::kInvalidArgument, "lookahead must be 1 to 8, or 0 for the default (GemmOptions::lookahead, "
+                                                   "CUTE_MOE_SCHEDULE_LOOKAHEAD), got " + std::to_string(opts.lookahead));
+  }
+  plan->lookahead = opts.lookahead == 0 ? 2 : opts.lookahead;
   for (const auto& e : registry) {
     if (detail::serves(e.config, problem)) {
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
@@ -106,11 +119,11 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
   plan->arrays_bytes = detail::group_arrays_bytes(gemm);
 
   if (opts.log) {
-    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s raster=%c swizzle=%d\n",
+    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s raster=%c swizzle=%d%s\n",
                  detail::variant_what(problem.variant), static_cast<long long>(problem.m), static_cast<long long>(problem.n),
                  static_cast<long long>(problem.k), problem.num_groups, plan->sm_count, plan->kernel->name.c_str(),
                  forced != nullptr && forced[0] != '\0' ? " (forced)" : "", plan->raster_along_n ? 'n' : 'm',
-                 plan->swizzle);
+                 plan->swizzle, detail::is_ragged_m(problem.variant) ? "" : (plan->dynamic_schedule ? " dynamic" : " static"));
   }
   return Result::success();
 }
@@ -201,6 +214,8 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.stream = stream;
   ctx.raster_along_n = plan.raster_along_n;
   ctx.swizzle = plan.swizzle;
+  ctx.dynamic_schedule = plan.dynamic_schedule;
+  ctx.schedule_lookahead = plan.lookahead;
   ctx.act = p.act_params;
   ctx.d = {const_cast<void*>(p.d.ptr), p.d.ld, p.n};
   if (!is_ragged_m(p)) {  // (groups, k, n): one block per group
@@ -309,6 +324,10 @@ GemmOptions options_from_environment() {
   o.raster = raster != nullptr ? raster[0] : 0;
   const char* swizzle = std::getenv("CUTE_MOE_SWIZZLE");
   o.swizzle = swizzle != nullptr ? std::atoi(swizzle) : 0;
+  const char* schedule = std::getenv("CUTE_MOE_SCHEDULE");
+  o.schedule = schedule != nullptr ? schedule[0] : 0;
+  const char* lookahead = std::getenv("CUTE_MOE_SCHEDULE_LOOKAHEAD");
+  o.lookahead = lookahead != nullptr ? std::atoi(lookahead) : 0;
   const char* log = std::getenv("CUTE_MOE_LOG_CONFIG");
   o.log = log != nullptr && log[0] != '\0' && std::strcmp(log, "0") != 0;
   return o;

@@ -205,3 +205,47 @@ def test_invalid_offs_stop_the_kernel_with_a_message(offs):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert "invalid offs at group" in out, out
+
+
+# The weight gradients hand out their tiles from an atomic counter (the dynamic schedule,
+# the default) or by the static stride (CUTE_MOE_SCHEDULE=s). Either way each tile is the
+# same computation, so the two must agree bit for bit, on every compiled ragged-K kernel
+# (clusters of 2 pass tickets between their CTAs) and with far more tiles than CTAs (so
+# tickets are drawn, not just the first wave); each against the fp32 reference as well.
+RAGGED_K_ROWS = [tuple(row.split(":")[::2]) for row in torch.ops.cute_moe.kernel_table()
+                 if row.startswith("ragged_k")] if cute_moe.library_loaded() else []
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed", "empty"])
+@pytest.mark.parametrize("call,config", RAGGED_K_ROWS, ids=["-".join(r) for r in RAGGED_K_ROWS])
+def test_wgrad_dynamic_and_static_schedules_agree(monkeypatch, call, config, routing):
+    out_dtype = {"ragged_k_bf16": BF16, "ragged_k_f32": F32}[call]
+    case = dict(m=6001, k=520, n=776, e=64, routing=routing, pad=3, layout="kn", bias=False,
+                seed=77)
+    p, dy = _problem(case, requires_grad=False)
+    monkeypatch.setenv("CUTE_MOE_CONFIG", config)
+    out = {}
+    for schedule, lookahead in (("s", "0"), ("d", "0"), ("d", "0"), ("d", "1"), ("d", "8")):
+        monkeypatch.setenv("CUTE_MOE_SCHEDULE", schedule)
+        monkeypatch.setenv("CUTE_MOE_SCHEDULE_LOOKAHEAD", lookahead)
+        _poison((case["e"], case["k"], case["n"]))
+        dw, _ = torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, out_dtype, False)
+        if schedule in out:
+            assert torch.equal(dw, out[schedule]), \
+                f"the dynamic schedule (lookahead {lookahead}) differs from the first dynamic run"
+        out[schedule] = dw
+    assert torch.equal(out["s"], out["d"]), "dynamic and static schedules differ"
+    err = testing.rel_error(out["d"], grouped_mm_wgrad_ref(p.x, dy, p.offs, out_dtype=F32))
+    limit = 1e-4 if out_dtype == F32 else TOL
+    assert err <= limit, f"dw: relative error {err:.3e}"
+    empty = torch.tensor(p.sizes, device="cuda") == 0
+    assert torch.all(out["d"][empty] == 0)
+
+
+@pytest.mark.parametrize("name,value,message", [("CUTE_MOE_SCHEDULE", "x", "schedule must be 'd' or 's'"),
+                                                ("CUTE_MOE_SCHEDULE_LOOKAHEAD", "9", "lookahead must be 1 to 8")])
+def test_schedule_options_are_checked(monkeypatch, name, value, message):
+    p, dy = _problem(CASES[0], requires_grad=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, F32, False)

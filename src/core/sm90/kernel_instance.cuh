@@ -16,7 +16,9 @@
 //                    (Cooperative: both work on one tile; Pingpong: alternate tiles)
 //   scheduler        PersistentTileSchedulerSm90Group: walks the groups' tiles reading
 //                    the per-group (M, N, K) from device memory, so the host never needs
-//                    the routing. Groups with M == 0 contribute no tile.
+//                    the routing. Groups with M == 0 contribute no tile. Variants with
+//                    kDynamicSchedule take their tiles from an atomic counter instead
+//                    (dynamic_group_scheduler.cuh; LaunchContext::dynamic_schedule).
 // Epilogue (EVT), per variant (VariantTraits below): D = acc + bias[group] (a row broadcast
 //   through an array of per-group pointers; a null array means no bias), or the fused
 //   gated-activation forward / backward of act_epilogue.cuh. Outputs are rounded once.
@@ -42,6 +44,12 @@
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
+
+// The problem shape that selects the dynamic tile scheduler; defined, with the scheduler,
+// in dynamic_group_scheduler.cuh, which only the variant families that use it include (so
+// a change to it recompiles only their kernels).
+template <class UnderlyingProblemShape>
+struct DynamicGroupProblemShape;
 
 // --- Epilogues: what is computed after the mainloop, as an EVT tree plus its arguments.
 // Tree<TileShape, ElementD, EpiDesc>: EpiDesc is CUTLASS's EpilogueDescriptor of the
@@ -108,14 +116,17 @@ struct FixedTmaMainloopOf {
   }
 };
 
-// --- Variants: operand layouts, output type, epilogue and mainloop of each variant.
-template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_, class Mainloop_ = BuiltMainloop>
+// --- Variants: operand layouts, output type, epilogue, mainloop and tile scheduler of
+// each variant (kDynamicSchedule: dynamic_group_scheduler.cuh, else CUTLASS's static one).
+template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_, class Mainloop_ = BuiltMainloop,
+          bool kDynamicSchedule_ = false>
 struct Traits {
   using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
   using ElementD = ElementD_;
   using Epilogue = Epilogue_;
   using Mainloop = Mainloop_;
+  static constexpr bool kDynamicSchedule = kDynamicSchedule_;
 };
 using RowMajor = cutlass::layout::RowMajor;
 using ColMajor = cutlass::layout::ColumnMajor;
@@ -145,7 +156,8 @@ struct GroupedGemmTypes {
                                               cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using ProblemShape = std::conditional_t<Traits::kDynamicSchedule, DynamicGroupProblemShape<cute::Shape<int, int, int>>,
+                                          cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>>;
   using EpiDesc = cutlass::epilogue::collective::detail::EpilogueDescriptor<
       TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, EpilogueSchedule>;
   using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD, EpiDesc>;
@@ -191,10 +203,12 @@ struct GroupedGemmTypes {
     mainloop.ptr_B = reinterpret_cast<const ElementAB**>(g.b);
     mainloop.dB = reinterpret_cast<StrideB*>(g.ldb);
     Traits::Mainloop::set_arguments(mainloop, g, ctx);
+    ProblemShape shapes;  // no host copy of the shapes: the scheduler reads them on the device
+    shapes.num_groups = g.num_groups;
+    shapes.problem_shapes = reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
-        {g.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(g.problem_shapes),
-         nullptr},  // no host copy of the shapes: the scheduler reads them on the device
+        shapes,
         mainloop,
         {{}, reinterpret_cast<ElementCPtr>(g.c), reinterpret_cast<StrideC*>(g.ldc),
          kTreeWritesD ? nullptr : reinterpret_cast<CollectiveElementD**>(g.d),
@@ -203,6 +217,10 @@ struct GroupedGemmTypes {
     using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
     args.scheduler.raster_order = ctx.raster_along_n ? Raster::AlongN : Raster::AlongM;
     args.scheduler.max_swizzle_size = ctx.swizzle;
+    if constexpr (Traits::kDynamicSchedule) {
+      args.scheduler.dynamic = ctx.dynamic_schedule;
+      args.scheduler.lookahead = ctx.schedule_lookahead;
+    }
     args.epilogue.thread =
         Traits::Epilogue::template arguments<decltype(args.epilogue.thread)>(g, ctx);
     return args;

@@ -2,6 +2,7 @@
 // Only their translation units include this.
 #pragma once
 
+#include "dynamic_group_scheduler.cuh"
 #include "fixed_tma_store.cuh"
 #include "kernel_instance.cuh"
 
@@ -23,8 +24,9 @@ struct RaggedKEpilogue {
   }
 };
 
-// A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous
-template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
-template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue, FixedTmaMainloopOf<true>> {};
+// A = x_e^T (k, rows) k-contiguous; B = dy_e (rows, n) n-contiguous. Tiles from the dynamic
+// scheduler: every expert has the same output tiles but its own reduction length.
+template <> struct VariantTraits<KernelVariant::RaggedK_OutBF16, Act::Unfused> : Traits<ColMajor, RowMajor, bf16, RaggedKEpilogue, FixedTmaMainloopOf<true>, true> {};
+template <> struct VariantTraits<KernelVariant::RaggedK_OutF32, Act::Unfused> : Traits<ColMajor, RowMajor, float, RaggedKEpilogue, FixedTmaMainloopOf<true>, true> {};
 
 }  // namespace cute_moe::detail
