@@ -128,7 +128,9 @@ struct GemmOptions {
   // How the weight-gradient (ragged-K) kernels hand out their tiles: 'd' dynamically
   // (each CTA takes the next tile from an atomic counter when it is free: even under
   // skewed routing), 's' statically (CTA i takes tiles i, i + grid, ...), or 0 for the
-  // default, dynamic. The ragged-M kernels are static. Environment: CUTE_MOE_SCHEDULE.
+  // heuristic's choice (dynamic over deep groups, >= 2048 rows per group on average; with
+  // a forced config, static). The ragged-M kernels are static. Environment:
+  // CUTE_MOE_SCHEDULE.
   // lookahead: under the dynamic schedule, how many tiles past the one it has started a
   // CTA may already hold (1 to 8; 0 for the default, 2). Environment:
   // CUTE_MOE_SCHEDULE_LOOKAHEAD.

@@ -105,7 +105,7 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
                          std::string("schedule must be 'd' or 's' (GemmOptions::schedule, CUTE_MOE_SCHEDULE), got '") +
                              opts.schedule + "'");
   }
-  plan->dynamic_schedule = opts.schedule != 's';
+  plan->dynamic_schedule = opts.schedule == 0 ? choice.dynamic_schedule : opts.schedule == 'd';
   if (opts.lookahead < 0 || opts.lookahead > 8) {
     return Result::error(Status::kInvalidArgument, "lookahead must be 1 to 8, or 0 for the default (GemmOptions::lookahead, "
                                                    "CUTE_MOE_SCHEDULE_LOOKAHEAD), got " + std::to_string(opts.lookahead));

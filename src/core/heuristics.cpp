@@ -127,6 +127,12 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   } else if (!ragged_m && !short_reduction) {
     choice.swizzle = 2;
   }
+  // Weight gradients over deep groups take their tiles from the dynamic scheduler
+  // (dynamic_group_scheduler.cuh, lookahead 2): at GPT-OSS-20B (3072 rows per expert) 2-16%
+  // faster than the static stride, balanced and skewed. Over shallow groups (Qwen3-30B-A3B,
+  // 1024 rows: 16 k-blocks a tile) the static stride, which runs the CTAs in lockstep over
+  // one expert at a time, stays 0-12% ahead (docs/perf-notes.md, session 10).
+  choice.dynamic_schedule = !ragged_m && deep_groups;
   return choice;
 }
 

@@ -47,6 +47,7 @@ struct LaunchChoice {
   int index = -1;           // into the candidates
   bool raster_along_n = false;
   int swizzle = 1;
+  bool dynamic_schedule = false;  // weight gradients: tiles from the atomic counter
 };
 
 // Measured rules first (docs/perf-notes.md), by tile role (codegen/kernel_space.py): every
@@ -61,7 +62,8 @@ struct LaunchChoice {
 // runs the "narrow" tile (128x128 pingpong), longer ones and the fused backward the "wide"
 // one; tall groups (rows per group >= n) and pingpong launches walk along n. The cost model
 // decides when the variant has no tile of the wanted role, and for tiny ragged-M groups
-// (<= 64 rows on average), where the "small" tile can win.
+// (<= 64 rows on average), where the "small" tile can win. Weight gradients over deep
+// groups (>= 2048 rows per group on average) take the dynamic tile schedule.
 LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig>& candidates, int sm_count);
 
 }  // namespace cute_moe::detail

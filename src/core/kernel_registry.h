@@ -93,7 +93,7 @@ struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool raster_along_n = false;  // tile order of the persistent scheduler
   int swizzle = 1;              // 1, 2, 4 or 8
-  bool dynamic_schedule = true; // variants with a dynamic scheduler: use it (else its static order)
+  bool dynamic_schedule = false; // variants with a dynamic scheduler: use it (else its static order)
   int schedule_lookahead = 2;   // dynamic: tiles a CTA may take before it starts the one before
   ActParams act;                // activation epilogues only
   WholeOperands whole;          // variants whose operands TMA loads (not the gathered A)

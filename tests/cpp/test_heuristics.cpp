@@ -214,6 +214,19 @@ TEST(ChooseLaunch, WideWeightGradientsTakeTheWideTileAlongM) {
   EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 4096, 2048, 128}, {wide, mid}, 132).index, 1);
 }
 
+// The dynamic tile schedule for the weight gradients over deep groups (GPT-OSS-20B, 3072
+// rows per expert), the static one over shallow groups (Qwen3-30B-A3B, 1024) and for every
+// ragged-M GEMM, deep or not.
+TEST(ChooseLaunch, DynamicScheduleForDeepWeightGradients) {
+  TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  wide.variant = KernelVariant::RaggedK_OutBF16;
+  EXPECT_TRUE(choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 5760, 2880, 32}, {wide, mid}, 132).dynamic_schedule);
+  EXPECT_TRUE(choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 2880, 2880, 32}, {wide, mid}, 132).dynamic_schedule);
+  EXPECT_FALSE(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide, mid}, 132).dynamic_schedule);
+  const TileConfig plain{KernelVariant::RaggedM_BRow, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  EXPECT_FALSE(choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {plain}, 132).dynamic_schedule);
+}
+
 // The fused kernels on the mid tile walk along n: the backward with swizzle 4 always, the
 // forward with swizzle 4 over deep groups (GPT-OSS-20B) and 2 over shallow ones (Qwen3).
 TEST(ChooseLaunch, FusedMidTileOrder) {
