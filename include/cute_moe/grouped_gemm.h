@@ -131,10 +131,9 @@ struct GemmOptions {
   // heuristic's choice (dynamic over deep groups, >= 2048 rows per group on average; with
   // a forced config, static). The ragged-M kernels are static. Environment:
   // CUTE_MOE_SCHEDULE.
-  // lookahead: under the dynamic schedule, how many tiles past the one it has started a
-  // CTA may already hold (1 to 8; 0 for the default, 2). Environment:
-  // CUTE_MOE_SCHEDULE_LOOKAHEAD.
   char schedule = 0;
+  // Under the dynamic schedule, how many tiles past the one it has started a CTA may
+  // already hold (1 to 8; 0 for the default, 2). Environment: CUTE_MOE_SCHEDULE_LOOKAHEAD.
   int lookahead = 0;
   // Print every choice to stderr. Environment: CUTE_MOE_LOG_CONFIG=1.
   bool log = false;

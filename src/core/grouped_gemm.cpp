@@ -40,7 +40,7 @@ struct Plan {
   size_t scratch_bytes = 0;  // the call's own: column-sum or row-scale-gradient partials
   bool raster_along_n = false;
   int swizzle = 1;
-  bool dynamic_schedule = true;
+  bool dynamic_schedule = false;  // weight gradients: tiles from the atomic counter
   int lookahead = 2;
   size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
   void* cutlass_workspace(void* base) const { return static_cast<char*>(base) + align_up(arrays_bytes); }
