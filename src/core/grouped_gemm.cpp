@@ -25,6 +25,10 @@ using detail::KernelEntry;
 using detail::KernelVariant;
 
 constexpr size_t kWorkspaceAlign = 128;
+// The dynamic tile schedule's lookahead: the default (docs/perf-notes.md, session 10) and the
+// most the SM90 kernels allow (their scheduler pipeline's 8 stages).
+constexpr int kDefaultLookahead = 2;
+constexpr int kMaxLookahead = 8;
 
 size_t align_up(size_t v) { return detail::align_up(v, kWorkspaceAlign); }
 
@@ -41,7 +45,7 @@ struct Plan {
   bool raster_along_n = false;
   int swizzle = 1;
   bool dynamic_schedule = false;  // weight gradients: tiles from the atomic counter
-  int lookahead = 2;
+  int lookahead = kDefaultLookahead;
   size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
   void* cutlass_workspace(void* base) const { return static_cast<char*>(base) + align_up(arrays_bytes); }
   float* scratch(void* base) const {
@@ -106,11 +110,12 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
                              opts.schedule + "'");
   }
   plan->dynamic_schedule = opts.schedule == 0 ? choice.dynamic_schedule : opts.schedule == 'd';
-  if (opts.lookahead < 0 || opts.lookahead > 8) {
-    return Result::error(Status::kInvalidArgument, "lookahead must be 1 to 8, or 0 for the default (GemmOptions::lookahead, "
-                                                   "CUTE_MOE_SCHEDULE_LOOKAHEAD), got " + std::to_string(opts.lookahead));
+  if (opts.lookahead < 0 || opts.lookahead > kMaxLookahead) {
+    return Result::error(Status::kInvalidArgument, "lookahead must be 1 to " + std::to_string(kMaxLookahead) +
+                                                       ", or 0 for the default (GemmOptions::lookahead, "
+                                                       "CUTE_MOE_SCHEDULE_LOOKAHEAD), got " + std::to_string(opts.lookahead));
   }
-  plan->lookahead = opts.lookahead == 0 ? 2 : opts.lookahead;
+  plan->lookahead = opts.lookahead == 0 ? kDefaultLookahead : opts.lookahead;
   for (const auto& e : registry) {
     if (detail::serves(e.config, problem)) {
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
