@@ -131,3 +131,48 @@ def test_bad_shapes_say_what_was_expected():
         fp8.quantize_128x1(torch.zeros(5), offsets_from_counts([5]))
     with pytest.raises(ValueError, match=r"offs"):
         fp8.quantize_128x1(torch.zeros(5, 2), offsets_from_counts([3, 4]))
+
+
+# cute_moe.fp8's wrappers on the CPU run the references; their argument checks are the ops'.
+def test_fp8_wrappers_on_cpu_and_their_checks():
+    import cute_moe
+    x = torch.randn(3, 256).bfloat16()
+    q, s = cute_moe.fp8.quantize_1x128(x)
+    rq, rs = fp8.quantize_1x128(x)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    w = torch.randn(2, 144, 32).bfloat16()
+    q, s, qt, st = cute_moe.fp8.quantize_128x128(w, as_is=False, transposed=True)
+    rq, rs = fp8.quantize_128x128(w)
+    assert q.numel() == 0 and s.numel() == 0
+    assert torch.equal(qt.view(torch.uint8), rq.view(torch.uint8).transpose(-2, -1))
+    assert torch.equal(st, rs.transpose(-2, -1))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cute_moe.fp8.quantize_1x128(torch.randn(3, 40).bfloat16())
+    with pytest.raises(ValueError, match="bfloat16"):
+        cute_moe.fp8.quantize_128x128(torch.randn(2, 16, 16))
+    with pytest.raises(ValueError, match="at least one output"):
+        cute_moe.fp8.quantize_128x128(w, as_is=False, transposed=False)
+
+
+# The ops' CPU kernels (the references) and fake kernels (shapes for tracing); needs the
+# op library, as CI has it.
+@pytest.mark.skipif(not __import__("cute_moe").library_loaded(), reason="the op library is not loaded")
+def test_fp8_ops_cpu_and_fake_kernels():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    ops = torch.ops.cute_moe
+    assert str(ops.quantize_fp8_128x128.default._schema) == (
+        "cute_moe::quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> "
+        "(Tensor, Tensor, Tensor, Tensor)")
+    x = torch.randn(5, 272).bfloat16()
+    q, s = ops.quantize_fp8_1x128(x)
+    rq, rs = fp8.quantize_1x128(x)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    w = torch.randn(3, 160, 48).bfloat16()
+    out = ops.quantize_fp8_128x128(w, True, True)
+    assert [tuple(t.shape) for t in out] == [(3, 160, 48), (3, 2, 1), (3, 48, 160), (3, 1, 2)]
+    with FakeTensorMode() as mode:
+        fw = mode.from_tensor(w)
+        fake_out = ops.quantize_fp8_128x128(fw, False, True)
+        assert [tuple(t.shape) for t in fake_out] == [(0,), (0,), (3, 48, 160), (3, 1, 2)]
+        fq, fs = ops.quantize_fp8_1x128(mode.from_tensor(x))
+        assert fq.dtype == fp8.FP8_DTYPE and tuple(fs.shape) == (5, 3)

@@ -24,7 +24,9 @@ BLOCK = 128
 
 
 def _scale(amax: torch.Tensor) -> torch.Tensor:
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # a tensor divisor on purpose: CUDA torch turns division by a Python scalar into a
+    # multiplication by its reciprocal, which differs from amax / 448 in the last bit
+    return torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
 
 
 def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

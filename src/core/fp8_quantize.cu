@@ -1,0 +1,179 @@
+// The FP8 quantizers of the training recipe (fp8_quantize.h): block amax, scale and e4m3
+// cast in one pass over the bf16 input, bit for bit cute_moe.reference.fp8.
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "cute_moe/fp8_quantize.h"
+
+namespace cute_moe {
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr float kFp8Max = 448.0f;  // e4m3's largest finite magnitude
+
+// max that keeps a NaN, as torch's amax does
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
+__device__ __forceinline__ float warp_nan_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The reference's where(amax > 0, amax / 448, 1) and (x / scale).clamp(-448, 448) in fp32
+// (IEEE division, as the reference: no fast-math), rounded to nearest even; the clamp is
+// written as selects so that a NaN stays NaN, as in torch.clamp.
+__device__ __forceinline__ float block_scale(float amax) { return amax > 0.0f ? amax / kFp8Max : 1.0f; }
+__device__ __forceinline__ uint8_t to_e4m3(float x, float scale) {
+  float v = x / scale;
+  v = v > kFp8Max ? kFp8Max : (v < -kFp8Max ? -kFp8Max : v);
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// One warp per (row, 128-column block); lane l holds columns 4l .. 4l + 3 of the block
+// (cols is a multiple of 16, so a lane's four are all inside or all outside).
+__global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, int64_t blocks_per_row) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (item >= a.rows * blocks_per_row) return;
+  const int64_t row = item / blocks_per_row, blk = item % blocks_per_row;
+  const int64_t col = blk * kBlock + 4 * lane;
+  const bool inside = col < a.cols;
+  float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (inside) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(a.src) + row * a.ld_src + col);
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    x[0] = __low2float(lo), x[1] = __high2float(lo), x[2] = __low2float(hi), x[3] = __high2float(hi);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = nan_max(amax, fabsf(x[i]));
+  const float scale = block_scale(warp_nan_max(amax));
+  if (inside) {
+    const uint32_t packed = uint32_t(to_e4m3(x[0], scale)) | (uint32_t(to_e4m3(x[1], scale)) << 8) |
+                            (uint32_t(to_e4m3(x[2], scale)) << 16) | (uint32_t(to_e4m3(x[3], scale)) << 24);
+    *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(a.q) + row * a.ld_q + col) = packed;
+  }
+  if (lane == 0) a.scale[row * blocks_per_row + blk] = scale;
+}
+
+// One CTA of 256 threads per 128 x 128 tile: thread t holds the 8 columns 8 (t % 16) .. +7
+// of rows t / 16 + 16 i (i < 8). q is stored as read; q_t through a shared-memory tile,
+// each thread writing 64 consecutive k of one output row.
+constexpr int kTileThreads = 256;
+constexpr int kTilePad = 16;  // bytes of padding per smem row
+
+__global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
+  __shared__ float warp_amax[kTileThreads / 32];
+  __shared__ float tile_scale;
+  __shared__ __align__(16) uint8_t tile[kBlock][kBlock + kTilePad];
+  const int t = threadIdx.x;
+  const int64_t nb = blockIdx.x, kb = blockIdx.y, e = blockIdx.z;
+  const int64_t k_blocks = gridDim.y, n_blocks = gridDim.x;
+  const int cc = t % 16, r0 = t / 16;
+  const int64_t col = nb * kBlock + 8 * cc;
+  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src) + e * a.batch_stride_src;
+
+  float x[8][8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = kb * kBlock + r0 + 16 * i;
+    const bool inside = row < a.k && col < a.n;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (inside) raw = *reinterpret_cast<const uint4*>(src + row * a.ld_src + col);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x[i][2 * j] = __low2float(pairs[j]);
+      x[i][2 * j + 1] = __high2float(pairs[j]);
+      amax = nan_max(amax, nan_max(fabsf(x[i][2 * j]), fabsf(x[i][2 * j + 1])));
+    }
+  }
+  amax = warp_nan_max(amax);
+  if ((t & 31) == 0) warp_amax[t >> 5] = amax;
+  __syncthreads();
+  if (t == 0) {
+    float m = 0.0f;
+    for (int w = 0; w < kTileThreads / 32; ++w) m = nan_max(m, warp_amax[w]);
+    tile_scale = block_scale(m);
+    if (a.q != nullptr) a.scale[(e * k_blocks + kb) * n_blocks + nb] = tile_scale;
+    if (a.q_t != nullptr) a.scale_t[(e * n_blocks + nb) * k_blocks + kb] = tile_scale;
+  }
+  __syncthreads();
+  const float scale = tile_scale;
+
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = r0 + 16 * i;
+    const int64_t row = kb * kBlock + r;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lo |= uint32_t(to_e4m3(x[i][j], scale)) << (8 * j);
+      hi |= uint32_t(to_e4m3(x[i][4 + j], scale)) << (8 * j);
+    }
+    if (a.q != nullptr && row < a.k && col < a.n) {
+      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.q) + (e * a.k + row) * a.n + col) = make_uint2(lo, hi);
+    }
+    if (a.q_t != nullptr) *reinterpret_cast<uint2*>(&tile[r][8 * cc]) = make_uint2(lo, hi);
+  }
+  if (a.q_t == nullptr) return;
+  __syncthreads();
+  const int j = t / 2, half = t % 2;  // output row (an n of the tile), its k half
+  const int64_t out_row = nb * kBlock + j;
+  if (out_row >= a.n) return;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // 16 k per 16-byte store
+    const int k0 = half * 64 + 16 * c;
+    const int64_t kk = kb * kBlock + k0;
+    if (kk >= a.k) break;
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = uint32_t(tile[k0 + 4 * q][j]) | (uint32_t(tile[k0 + 4 * q + 1][j]) << 8) |
+             (uint32_t(tile[k0 + 4 * q + 2][j]) << 16) | (uint32_t(tile[k0 + 4 * q + 3][j]) << 24);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * a.k + kk) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+Result launched(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Result::success();
+  return Result::error(Status::kCudaError, std::string(op) + ": kernel launch failed: " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.rows == 0 || a.cols == 0) return r;
+  const int64_t blocks_per_row = (a.cols + kBlock - 1) / kBlock;
+  const int64_t warps = a.rows * blocks_per_row;
+  constexpr int kThreads = 256;
+  const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
+  if (grid > 2147483647) return Result::error(Status::kInvalidArgument, "quantize_fp8_1x128: too many rows");
+  quantize_rows_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, blocks_per_row);
+  return launched("quantize_fp8_1x128");
+}
+
+Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.batches == 0 || a.k == 0 || a.n == 0) return r;
+  const int64_t kb = (a.k + kBlock - 1) / kBlock, nb = (a.n + kBlock - 1) / kBlock;
+  if (kb > 65535 || a.batches > 65535 || nb > 2147483647) {
+    return Result::error(Status::kInvalidArgument, "quantize_fp8_128x128: at most 65535 batches and 65535 row tiles, got batches=" +
+                                                       std::to_string(a.batches) + " k=" + std::to_string(a.k));
+  }
+  quantize_tiles_kernel<<<dim3(unsigned(nb), unsigned(kb), unsigned(a.batches)), kTileThreads, 0, stream>>>(a);
+  return launched("quantize_fp8_128x128");
+}
+
+}  // namespace cute_moe

@@ -1,0 +1,58 @@
+// Host-side argument validation of the FP8 quantizers (fp8_quantize.h): the layout rules
+// the kernels' 16-byte vectors rely on, with messages that carry the actual values.
+#include <cstdint>
+#include <string>
+
+#include "arg_rules.h"
+#include "cute_moe/fp8_quantize.h"
+
+namespace cute_moe {
+
+namespace {
+
+class Rules : public detail::ArgRules<Rules> {
+ public:
+  using ArgRules::ArgRules;
+
+  Rules& dim(const char* name, int64_t v) {
+    return require(v >= 0 && v % 16 == 0, name, " must be a non-negative multiple of 16, got ", name, "=", v);
+  }
+  Rules& count(const char* name, int64_t v) { return require(v >= 0, name, " must be >= 0, got ", name, "=", v); }
+  Rules& aligned(const char* name, const void* p, size_t bytes) {
+    require(p != nullptr, name, " must not be null");
+    return require(reinterpret_cast<uintptr_t>(p) % bytes == 0, name, " must be ", bytes, "-byte aligned, got address ",
+                   p);
+  }
+  Rules& stride(const char* name, int64_t v, int64_t at_least) {
+    return require(v >= at_least && v % 16 == 0, name, " must be a multiple of 16 elements and >= ", at_least, ", got ",
+                   name, "=", v);
+  }
+};
+
+}  // namespace
+
+Result validate(const QuantizeFp8RowsArgs& a) {
+  Rules c("quantize_fp8_1x128");
+  c.count("rows", a.rows).dim("cols", a.cols);
+  if (!c.result().ok() || a.rows == 0 || a.cols == 0) return c.result();
+  c.aligned("src", a.src, 16).stride("ld_src", a.ld_src, a.cols);
+  c.aligned("q", a.q, 16).stride("ld_q", a.ld_q, a.cols);
+  c.aligned("scale", a.scale, sizeof(float));
+  return c.result();
+}
+
+Result validate(const QuantizeFp8TilesArgs& a) {
+  Rules c("quantize_fp8_128x128");
+  c.count("batches", a.batches).dim("k", a.k).dim("n", a.n);
+  c.require(a.q != nullptr || a.q_t != nullptr, "q and q_t are both null: ask for at least one output");
+  if (!c.result().ok() || a.batches == 0 || a.k == 0 || a.n == 0) return c.result();
+  c.aligned("src", a.src, 16).stride("ld_src", a.ld_src, a.n);
+  c.require(a.batches == 1 || (a.batch_stride_src % 16 == 0 && a.batch_stride_src >= a.k * a.ld_src),
+            "batch_stride_src must be a multiple of 16 elements and >= k * ld_src=", a.k * a.ld_src,
+            ", got batch_stride_src=", a.batch_stride_src);
+  if (a.q != nullptr) c.aligned("q", a.q, 16).aligned("scale", a.scale, sizeof(float));
+  if (a.q_t != nullptr) c.aligned("q_t", a.q_t, 16).aligned("scale_t", a.scale_t, sizeof(float));
+  return c.result();
+}
+
+}  // namespace cute_moe

@@ -1,0 +1,113 @@
+# GPU tests of the FP8 quantizer ops against cute_moe.reference.fp8: the same e4m3 bits and
+# the same scales (the kernels compute exactly the reference's fp32 expressions), on shapes
+# with partial blocks, all-zero blocks, large and tiny magnitudes, strided rows, batches,
+# both outputs of the weight quantizer; and the argument checks. Needs a CUDA device and
+# the compiled library.
+import pytest
+import torch
+
+import cute_moe
+from cute_moe.reference import fp8 as ref
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded"),
+]
+
+
+def _bits(q: torch.Tensor) -> torch.Tensor:
+    return q.view(torch.uint8)
+
+
+def _data(shape, seed, special=True):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, device="cuda", generator=g)
+    # magnitudes across the range: blocks whose scale is tiny or huge, and exact zeros
+    x = x * torch.exp2(torch.randint(-20, 20, shape[:-1] + (1,), device="cuda", generator=g).float())
+    if special:
+        x.view(-1, shape[-1])[0, :64] = 0.0  # an all-zero block (at least within its half)
+        x.view(-1, shape[-1])[-1, :] = 0.0   # an all-zero row: every block of it zero
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 16), (7, 128), (300, 2880), (1000, 1040), (33, 4096)])
+def test_quantize_1x128_matches_reference(rows, cols):
+    x = _data((rows, cols), rows + cols)
+    q = torch.full((rows, cols), 0x55, dtype=torch.uint8, device="cuda")  # poison, then drop
+    del q
+    q, s = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    rq, rs = ref.quantize_1x128(x)
+    assert q.dtype == ref.FP8_DTYPE and q.shape == (rows, cols)
+    assert s.dtype == torch.float32 and s.shape == (rows, (cols + 127) // 128)
+    assert torch.equal(s, rs)
+    assert torch.equal(_bits(q), _bits(rq))
+    # the round trip: within e4m3's half-ulp (2^-4 relative) of each element
+    err = (ref.dequantize_1x128(q, s) - x.float()).abs()
+    assert torch.all(err <= x.float().abs() * 2.0 ** -4 + s.repeat_interleave(128, 1)[:, :cols] * 2.0 ** -9)
+
+
+def test_quantize_1x128_strided_rows():
+    big = _data((64, 3072), 5)
+    x = big[:, :2048]  # row stride 3072
+    q, s = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    rq, rs = ref.quantize_1x128(x)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+
+
+@pytest.mark.parametrize("e,k,n", [(1, 16, 16), (3, 128, 256), (4, 2880, 768), (2, 400, 1040), (32, 256, 192)])
+def test_quantize_128x128_matches_reference(e, k, n):
+    w = _data((e, k, n), e * k + n)
+    q, s, qt, st = torch.ops.cute_moe.quantize_fp8_128x128(w, True, True)
+    rq, rs = ref.quantize_128x128(w)
+    assert q.shape == (e, k, n) and qt.shape == (e, n, k) and q.is_contiguous() and qt.is_contiguous()
+    assert s.shape == (e, (k + 127) // 128, (n + 127) // 128) and st.shape == s.shape[:1] + s.shape[:0:-1]
+    assert torch.equal(s, rs) and torch.equal(st, rs.transpose(-2, -1))
+    assert torch.equal(_bits(q), _bits(rq))
+    assert torch.equal(_bits(qt), _bits(rq).transpose(-2, -1))
+    # one output alone is the same
+    q1, s1, qt1, st1 = torch.ops.cute_moe.quantize_fp8_128x128(w, False, True)
+    assert q1.numel() == 0 and s1.numel() == 0
+    assert torch.equal(_bits(qt1), _bits(qt)) and torch.equal(st1, st)
+    q2, s2, qt2, _ = torch.ops.cute_moe.quantize_fp8_128x128(w)
+    assert torch.equal(_bits(q2), _bits(q)) and torch.equal(s2, s) and qt2.numel() == 0
+
+
+def test_quantize_128x128_strided_batches():
+    big = _data((3, 256, 384), 9)
+    w = big[:, :, :256]  # row stride 384
+    q, s, qt, st = torch.ops.cute_moe.quantize_fp8_128x128(w, True, True)
+    rq, rs = ref.quantize_128x128(w)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert torch.equal(_bits(qt), _bits(rq).transpose(-2, -1))
+
+
+def test_public_wrappers_and_no_host_sync():
+    x = _data((256, 512), 3)
+    w = _data((4, 256, 512), 4)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        q, s = cute_moe.fp8.quantize_1x128(x)
+        wq = cute_moe.fp8.quantize_128x128(w, transposed=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(_bits(q), _bits(ref.quantize_1x128(x)[0]))
+    assert torch.equal(_bits(wq[2]), _bits(ref.quantize_128x128(w)[0]).transpose(-2, -1))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: torch.zeros(4, 40, dtype=torch.bfloat16, device="cuda"), "multiple of 16"),
+    (lambda: torch.zeros(4, 64, dtype=torch.float16, device="cuda"), "BFloat16"),
+    (lambda: torch.zeros(64, 4, dtype=torch.bfloat16, device="cuda").t(), "unit stride"),
+])
+def test_quantize_1x128_rejects_bad_input(make, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.cute_moe.quantize_fp8_1x128(make())
+
+
+def test_quantize_128x128_rejects_bad_input():
+    w = torch.zeros(2, 48, 40, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.cute_moe.quantize_fp8_128x128(w)
+    with pytest.raises(RuntimeError, match="ask for q"):
+        torch.ops.cute_moe.quantize_fp8_128x128(torch.zeros(2, 48, 48, dtype=torch.bfloat16, device="cuda"),
+                                                False, False)
