@@ -46,6 +46,10 @@ int choose_tile_config(const GroupedProblem& p, const std::vector<TileConfig>& c
 struct LaunchChoice {
   int index = -1;           // into the candidates
   bool raster_along_n = false;
+  // Handed to CUTLASS's group scheduler, which does not apply it: without host copies of
+  // the problem shapes it sizes its logical grid as (SMs, 1) and so picks log swizzle 0
+  // (docs/perf-notes.md, session 11). The rules below keep the values they were measured
+  // with; the differences those sweeps saw between swizzles were noise.
   int swizzle = 1;
   bool dynamic_schedule = false;  // weight gradients: tiles from the atomic counter
 };
