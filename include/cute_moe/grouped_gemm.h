@@ -125,12 +125,12 @@ struct GemmOptions {
   // CUTE_MOE_RASTER, CUTE_MOE_SWIZZLE.
   char raster = 0;
   int swizzle = 0;
-  // How the weight-gradient (ragged-K) kernels hand out their tiles: 'd' dynamically
-  // (each CTA takes the next tile from an atomic counter when it is free: even under
-  // skewed routing), 's' statically (CTA i takes tiles i, i + grid, ...), or 0 for the
-  // heuristic's choice (dynamic over deep groups, >= 2048 rows per group on average; with
-  // a forced config, static). The ragged-M kernels are static. Environment:
-  // CUTE_MOE_SCHEDULE.
+  // How the weight-gradient (ragged-K) kernels hand out their tiles, walking the groups
+  // deepest first: 'd' dynamically (each CTA takes the next tile from an atomic counter
+  // when it is free), 's' statically (cluster c takes tiles c, 2 * clusters - 1 - c,
+  // 2 * clusters + c, ...: a snake), or 0 for the heuristic's choice (dynamic over deep
+  // groups, >= 2048 rows per group on average; with a forced config, static). The
+  // ragged-M kernels are static. Environment: CUTE_MOE_SCHEDULE.
   char schedule = 0;
   // Under the dynamic schedule, how many tiles past the one it has started a CTA may
   // already hold (1 to 8; 0 for the default, 2). Environment: CUTE_MOE_SCHEDULE_LOOKAHEAD.

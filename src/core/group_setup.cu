@@ -10,6 +10,7 @@
 
 #include "device_info.h"
 #include "group_setup.h"
+#include "ragged_k_order.h"
 
 namespace cute_moe::detail {
 
@@ -86,9 +87,40 @@ __global__ void ragged_m_setup_kernel(GemmProblem p, GroupArrays g, float* row_p
   }
 }
 
+// The walking order of the groups (ragged_k_order.h), after the problem shapes: ranked by
+// rows through shared memory (each thread counts the groups ahead of its own), or the ids'
+// own above kMaxOrderedGroups.
+__device__ void write_ragged_k_order(const GemmProblem& p, int32_t* order) {
+  __shared__ int32_t rows[kMaxOrderedGroups];
+  __shared__ int32_t active;
+  const int32_t e_count = p.num_groups;
+  const bool ranked = e_count <= kMaxOrderedGroups;
+  if (threadIdx.x == 0) active = 0;
+  __syncthreads();
+  int32_t mine = 0;  // this thread's non-empty groups
+  for (int32_t e = threadIdx.x; e < e_count; e += blockDim.x) {
+    const int32_t r = static_cast<int32_t>(group_rows(p.offs, e).count());
+    if (ranked) rows[e] = r;
+    mine += r > 0 ? 1 : 0;
+  }
+  atomicAdd(&active, mine);
+  __syncthreads();
+  for (int32_t e = threadIdx.x; e < e_count; e += blockDim.x) {
+    order[ranked ? ragged_k_rank(rows, e_count, e) : e] = e;
+  }
+  if (threadIdx.x == 0) {
+    order[e_count] = ranked ? active : e_count;
+    order[e_count + 1] = static_cast<int32_t>(p.k);
+    order[e_count + 2] = static_cast<int32_t>(p.n);
+  }
+}
+
 __global__ void ragged_k_setup_kernel(GemmProblem p, GroupArrays g) {
   const int64_t out = elem_bytes(p.d.elem);
   if (blockIdx.x == 0 && blockIdx.y == 0) {
+    // Before the offsets are checked: the ranks are a permutation whatever the rows hold,
+    // so the writes stay in bounds, and a bad offs traps just below.
+    write_ragged_k_order(p, g.problem_shapes + 3 * p.num_groups);
     for (int32_t e = threadIdx.x; e < p.num_groups; e += blockDim.x) {
       const GroupRows r = group_rows(p.offs, e);
       require_valid_rows(r, p.m, e, "ragged_k_gemm");
@@ -127,7 +159,8 @@ size_t lay_out_group_arrays(char* base, const GemmProblem& p, GroupArrays* g) {
     if (wanted) used += align_up(sizeof(*field) * count, kArrayAlign);
   };
   g->num_groups = p.num_groups;
-  take(g->problem_shapes, 3 * e);
+  // ragged K: the groups' walking order follows the shapes (ragged_k_order.h)
+  take(g->problem_shapes, 3 * e + (is_ragged_m(p) ? 0 : static_cast<size_t>(ragged_k_order_words(p.num_groups))));
   for (auto* inputs : {&g->a, &g->b}) take(*inputs, e);
   take(g->d, e);
   for (auto* ld : {&g->lda, &g->ldb, &g->ldd}) take(*ld, e);

@@ -9,6 +9,7 @@
 
 #include "group_column_sum.h"
 #include "group_setup.h"
+#include "ragged_k_order.h"
 
 namespace {
 
@@ -109,6 +110,48 @@ TEST(GroupArrays, AProblemCarvesOnlyWhatItUses) {
   EXPECT_NE(g.ldd, nullptr);
   EXPECT_EQ(group_arrays_bytes(plain), 384u + 6 * 256u);  // shapes (32 x 12 bytes) + a, b, d, lda, ldb, ldd (32 x 8)
   EXPECT_LT(group_arrays_bytes(plain), group_arrays_bytes(full_problem(32)));
+}
+
+// A weight-gradient launch carves its groups' walking order (E ids, then the count of
+// non-empty groups, M and N) right after the problem shapes, in the same array.
+TEST(GroupArrays, RaggedKCarvesItsOrderAfterTheShapes) {
+  for (int32_t groups : {1, 128, 1024, 1025}) {
+    GemmProblem p;
+    p.variant = KernelVariant::RaggedK_OutBF16;
+    p.num_groups = groups;
+    std::vector<char> buf(group_arrays_bytes(p) + 128);
+    char* base = buf.data() + (128 - reinterpret_cast<uintptr_t>(buf.data()) % 128) % 128;
+    const GroupArrays g = carve_group_arrays(base, p);
+    const size_t shapes_and_order = 4 * (3 * size_t(groups) + size_t(ragged_k_order_words(groups)));
+    EXPECT_GE(reinterpret_cast<const char*>(g.a), reinterpret_cast<const char*>(g.problem_shapes) + shapes_and_order);
+    GemmProblem ragged_m = p;
+    ragged_m.variant = KernelVariant::RaggedM_BRow;
+    EXPECT_LE(group_arrays_bytes(ragged_m), group_arrays_bytes(p));  // equal where alignment absorbs it
+    if (groups >= 128) EXPECT_LT(group_arrays_bytes(ragged_m), group_arrays_bytes(p));
+  }
+}
+
+// The walking order of a weight-gradient launch: ragged_k_rank gives every group a distinct
+// place, deepest first, ties by id, empty groups last (what the setup kernel writes).
+TEST(RaggedKOrder, RanksArePermutationDeepestFirst) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int32_t groups = 1 + static_cast<int32_t>(rng() % 200);
+    std::vector<int32_t> rows(groups);
+    for (auto& r : rows) r = (rng() % 4 == 0) ? 0 : static_cast<int32_t>(rng() % 40);  // ties and empties
+    std::vector<int32_t> order(groups, -1);
+    for (int32_t e = 0; e < groups; ++e) {
+      const int32_t rank = ragged_k_rank(rows.data(), groups, e);
+      ASSERT_GE(rank, 0);
+      ASSERT_LT(rank, groups);
+      ASSERT_EQ(order[rank], -1) << "two groups ranked " << rank;
+      order[rank] = e;
+    }
+    for (int32_t i = 1; i < groups; ++i) {
+      const int32_t a = order[i - 1], b = order[i];
+      EXPECT_TRUE(rows[a] > rows[b] || (rows[a] == rows[b] && a < b)) << "place " << i;
+    }
+  }
 }
 
 // Host model of pass 1 of the column sums: the (chunk, group) pairs that share rows.

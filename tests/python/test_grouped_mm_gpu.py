@@ -242,6 +242,26 @@ def test_wgrad_dynamic_and_static_schedules_agree(monkeypatch, call, config, rou
     assert torch.all(out["d"][empty] == 0)
 
 
+# The weight gradients walk the groups deepest first (ragged_k_order.h: the setup kernel
+# ranks them); above 1024 groups they walk them in their own order, empty ones included
+# (whose tiles store nothing). Both schedules must still give the reference, and exact
+# zeros for the empty groups, with the outputs poisoned first.
+@pytest.mark.parametrize("schedule", ["s", "d"])
+@pytest.mark.parametrize("groups", [1024, 1100])
+def test_wgrad_at_and_beyond_the_ranked_group_count(monkeypatch, schedule, groups):
+    case = dict(m=9000, k=136, n=200, e=groups, routing="skewed", pad=5, layout="kn", bias=False,
+                seed=groups)
+    p, dy = _problem(case, requires_grad=False)
+    sizes = torch.tensor(p.sizes, device="cuda")
+    assert (sizes == 0).any() and (sizes > 64).any(), "the case should hold empty and multi-block groups"
+    monkeypatch.setenv("CUTE_MOE_SCHEDULE", schedule)
+    _poison((groups, case["k"], case["n"]))
+    dw, _ = torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, BF16, False)
+    err = testing.rel_error(dw, grouped_mm_wgrad_ref(p.x, dy, p.offs, out_dtype=F32))
+    assert err <= TOL, f"dw: relative error {err:.3e}"
+    assert torch.all(dw[sizes == 0] == 0)
+
+
 @pytest.mark.parametrize("name,value,message", [("CUTE_MOE_SCHEDULE", "x", "schedule must be 'd' or 's'"),
                                                 ("CUTE_MOE_SCHEDULE_LOOKAHEAD", "9", "lookahead must be 1 to 8")])
 def test_schedule_options_are_checked(monkeypatch, name, value, message):

@@ -13,18 +13,23 @@
 //
 // How: CUTLASS's SM90 ptr-array kernels already run the group scheduler in a warp of its
 // own, which pushes each next tile through an 8-stage shared-memory pipeline to the other
-// roles. This scheduler keeps that structure and the group scheduler's mapping of a
-// linear tile index to (group, m, n) (tile order and swizzle included); it changes where
-// the next linear index comes from:
-//   first tile   blockIdx, as the static scheduler (no atomics for the first wave)
-//   next tiles   cluster tile (grid / cluster size) + ticket, ticket = atomicAdd(counter)
+// roles. This scheduler keeps that structure and maps a linear cluster-tile index q to
+// (group, m, n) itself: every group of a ragged-K launch has the same output tiles, so
+// q / (cluster tiles per group) is the group's place in the walking order the setup kernel
+// wrote (ragged_k_order.h: deepest first, empty groups left out), and the rest its cluster
+// tile, along the raster order. Where q comes from:
+//   first tile   the CTA's cluster index (no atomics for the first wave)
+//   next tiles   dynamic: clusters in the grid + ticket, ticket = atomicAdd(counter);
+//                static: the k-th tile of cluster c is k * clusters + c, or
+//                k * clusters + (clusters - 1 - c) for odd k (a snake: over tiles of
+//                decreasing cost, each cluster's sum stays near the average)
 // A cluster (2 CTAs sharing multicast loads) must work on one cluster tile, so only its
 // rank-0 CTA draws the ticket and stores it into each peer's shared memory (a mailbox
 // slot per pipeline stage, tagged with the draw's sequence number); a peer acknowledges
 // each ticket it read, and the leader does not overwrite a slot that is not yet read.
 // The counter lives in the kernel's workspace and is zeroed before every launch by a
 // memset on the launch's stream (CUDA-graph safe). With no counter (Arguments::dynamic
-// false) the scheduler is the static one, stride for stride.
+// false) the schedule is the static snake.
 //
 // Lookahead: the scheduler warp would otherwise take a ticket as soon as one of its 8
 // pipeline slots is free, i.e. up to 8 tiles before its CTA computes them. Right after
@@ -47,6 +52,8 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
+
+#include "ragged_k_order.h"
 
 namespace cute_moe::detail {
 
@@ -108,6 +115,7 @@ class DynamicGroupScheduler
   struct Params : Base::Params {
     uint32_t* counter = nullptr;  // null: the static schedule
     uint32_t lookahead = Stages;
+    const int32_t* order = nullptr;  // the groups' walking order (ragged_k_order.h), device
   };
 
   template <class TileShape, class ClusterShape>
@@ -119,6 +127,7 @@ class DynamicGroupScheduler
     static_cast<typename Base::Params&>(p) =
         Base::to_underlying_arguments(problem_shapes, tile_shape, cluster_shape, hw_info, arguments, workspace);
     p.counter = arguments.dynamic ? static_cast<uint32_t*>(workspace) : nullptr;
+    p.order = reinterpret_cast<const int32_t*>(problem_shapes.problem_shapes) + 3 * problem_shapes.groups();
     p.lookahead = uint32_t(arguments.lookahead < 1 ? 1 : (arguments.lookahead > Stages ? Stages : arguments.lookahead));
     return p;
   }
@@ -147,12 +156,26 @@ class DynamicGroupScheduler
   CUTLASS_DEVICE DynamicGroupScheduler(Params const& params, Response* responses)
       : Base(params, nullptr), responses_(responses), counter_(params.counter), lookahead_(params.lookahead) {
 #if defined(__CUDA_ARCH__)
-    linear_ = params.raster_order_ == RasterOrder::AlongN
-                  ? uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x)
-                  : uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
-    grid_ = uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
-    cluster_size_ = uint32_t(params.cluster_shape_.m() * params.cluster_shape_.n());
-    position_ = uint32_t(linear_ % cluster_size_);
+    order_ = params.order;
+    const int32_t groups = params.problem_shapes_.groups();
+    const uint32_t active = uint32_t(order_[groups]);
+    const uint32_t m = uint32_t(order_[groups + 1]), n = uint32_t(order_[groups + 2]);
+    cluster_m_ = uint32_t(params.cluster_shape_.m());
+    cluster_n_ = uint32_t(params.cluster_shape_.n());
+    const uint32_t tile_m = uint32_t(params.cta_shape_.m()), tile_n = uint32_t(params.cta_shape_.n());
+    const uint32_t clusters_m = ((m + tile_m - 1) / tile_m + cluster_m_ - 1) / cluster_m_;
+    const uint32_t clusters_n = ((n + tile_n - 1) / tile_n + cluster_n_ - 1) / cluster_n_;
+    along_n_ = params.raster_order_ == RasterOrder::AlongN;
+    fast_ = along_n_ ? clusters_n : clusters_m;
+    per_group_ = clusters_m * clusters_n;
+    total_ = uint64_t(active) * per_group_;
+    const dim3 cluster = cute::cluster_id_in_grid(), clusters = cute::cluster_grid_dims();
+    cluster_ = cluster.x + clusters.x * (cluster.y + clusters.y * cluster.z);
+    clusters_ = clusters.x * clusters.y * clusters.z;
+    const dim3 in_cluster = cute::block_id_in_cluster();
+    m_in_cluster_ = in_cluster.x;
+    n_in_cluster_ = in_cluster.y;
+    cluster_size_ = cluster_m_ * cluster_n_;
     rank_ = cute::block_rank_in_cluster();
     if (counter_ != nullptr && cluster_size_ > 1 && threadIdx.x < Stages) {
       responses_[threadIdx.x].mail = 0;
@@ -162,12 +185,20 @@ class DynamicGroupScheduler
 #endif
   }
 
+  // Every role: its first tile.
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) const {
+    return work_at(cluster_);
+  }
+
   // The scheduler warp (all 32 lanes): the next tile, pushed to the other roles.
   template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
   CUTLASS_DEVICE auto advance_to_next_work(TileSchedulerPipeline& pipeline, TileSchedulerPipelineState state,
                                            uint32_t advance_count = 1) {
+    draws_ += advance_count;
+    uint64_t q;
     if (counter_ == nullptr) {
-      linear_ += grid_ * uint64_t(advance_count);
+      q = uint64_t(draws_) * clusters_ + ((draws_ & 1u) ? clusters_ - 1 - cluster_ : cluster_);
     } else {
       if (lookahead_ < Stages) {
         // Acquiring the slot of draw s + Stages - lookahead waits until draw s - lookahead
@@ -176,10 +207,9 @@ class DynamicGroupScheduler
         earlier.advance(Stages - lookahead_);
         pipeline.producer_acquire(earlier);
       }
-      const uint64_t ticket = next_ticket();
-      linear_ = (grid_ / cluster_size_ + ticket) * cluster_size_ + position_;
+      q = uint64_t(clusters_) + next_ticket();
     }
-    WorkTileInfo work = this->get_current_work_for_linear_idx(linear_);
+    WorkTileInfo work = work_at(q);
     pipeline.producer_acquire(state);
     if (cute::elect_one_sync()) {
       responses_[state.index()].work = work;
@@ -200,6 +230,21 @@ class DynamicGroupScheduler
   }
 
  private:
+  // The tile of linear cluster-tile index q, for this CTA's place in its cluster.
+  CUTLASS_DEVICE WorkTileInfo work_at(uint64_t q) const {
+    if (q >= total_) return WorkTileInfo::invalid_work_tile();
+    const uint32_t slot = uint32_t(q / per_group_);
+    const uint32_t tile = uint32_t(q - uint64_t(slot) * per_group_);
+    const uint32_t slow = tile / fast_, fast = tile - slow * fast_;
+    const uint32_t cm = along_n_ ? slow : fast, cn = along_n_ ? fast : slow;
+    WorkTileInfo work;
+    work.M_idx = int32_t(cm * cluster_m_ + m_in_cluster_);
+    work.N_idx = int32_t(cn * cluster_n_ + n_in_cluster_);
+    work.L_idx = order_[slot];
+    work.is_valid_tile = 1;
+    return work;
+  }
+
   // This CTA's next ticket; in a cluster, the leader's draw for the whole cluster.
   CUTLASS_DEVICE uint32_t next_ticket() {
     using namespace dynamic_schedule;
@@ -225,7 +270,12 @@ class DynamicGroupScheduler
         while (uint32_t((v = load_acquire64(mail)) >> 32) != seq_ + 1) {
         }
         ticket = uint32_t(v);
-        store_release(in_cta(smem_address(&responses_[rank_].ack), 0), seq_ + 1);
+        // No acknowledgement of the ticket past the last tile: the leader draws none after
+        // it and may have exited already, and a CTA's shared memory must not be written
+        // after it exits (this store raced the leader's exit when the last tiles were short).
+        if (uint64_t(clusters_) + ticket < total_) {
+          store_release(in_cta(smem_address(&responses_[rank_].ack), 0), seq_ + 1);
+        }
       }
     }
     ++seq_;
@@ -235,10 +285,17 @@ class DynamicGroupScheduler
   Response* responses_ = nullptr;
   uint32_t* counter_ = nullptr;
   uint32_t lookahead_ = Stages;
-  uint64_t linear_ = 0;        // this CTA's current linear tile index
-  uint64_t grid_ = 0;          // CTAs in the grid
+  const int32_t* order_ = nullptr;  // groups in walking order, then their count, M and N
+  uint64_t total_ = 0;         // cluster tiles of the launch
+  uint32_t per_group_ = 1;     // cluster tiles of one group
+  uint32_t fast_ = 1;          // cluster tiles along the raster order
+  bool along_n_ = true;
+  uint32_t cluster_m_ = 1, cluster_n_ = 1;
+  uint32_t m_in_cluster_ = 0, n_in_cluster_ = 0;
+  uint32_t clusters_ = 1;      // clusters in the grid
+  uint32_t cluster_ = 0;       // this CTA's cluster
+  uint32_t draws_ = 0;         // tiles after the first taken so far
   uint32_t cluster_size_ = 1;
-  uint32_t position_ = 0;      // within its cluster, in the linear order
   uint32_t rank_ = 0;          // block rank in the cluster
   uint32_t seq_ = 0;           // tickets drawn so far
 };
