@@ -242,6 +242,28 @@ def test_wgrad_dynamic_and_static_schedules_agree(monkeypatch, call, config, rou
     assert torch.all(out["d"][empty] == 0)
 
 
+# Under skew the last tiles of a ragged-K launch are the shortest, and a cluster's two CTAs
+# end close together: a store into the leader's shared memory after it exited once failed
+# the launch now and then ("unspecified launch failure"). Repeated, synchronized launches
+# of the dynamic schedule on every ragged-K kernel, each bit-equal to the first.
+@pytest.mark.parametrize("call,config", RAGGED_K_ROWS, ids=["-".join(r) for r in RAGGED_K_ROWS])
+def test_wgrad_dynamic_schedule_repeated_under_skew(monkeypatch, call, config):
+    out_dtype = {"ragged_k_bf16": BF16, "ragged_k_f32": F32}[call]
+    case = dict(m=6001, k=520, n=776, e=64, routing="skewed", pad=3, layout="kn", bias=False,
+                seed=78)
+    p, dy = _problem(case, requires_grad=False)
+    monkeypatch.setenv("CUTE_MOE_CONFIG", config)
+    monkeypatch.setenv("CUTE_MOE_SCHEDULE", "d")
+    first = None
+    for rep in range(20):
+        monkeypatch.setenv("CUTE_MOE_SCHEDULE_LOOKAHEAD", ("0", "1", "8")[rep % 3])
+        dw, _ = torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, out_dtype, False)
+        torch.cuda.synchronize()
+        if first is None:
+            first = dw
+        assert torch.equal(dw, first), f"repeat {rep} differs from the first"
+
+
 # The weight gradients walk the groups deepest first (ragged_k_order.h: the setup kernel
 # ranks them); above 1024 groups they walk them in their own order, empty ones included
 # (whose tiles store nothing). Both schedules must still give the reference, and exact
