@@ -12,8 +12,10 @@
 #
 #   python bench/bench_peer_quack.py [--shapes gpt-oss-20b,qwen3-30b-a3b,seed-example]
 #       [--routing balanced,skewed] [--reps 20] [--rounds 3] [--tuned] [--json out.json]
-# Every timing is the median of --rounds measurements with the two sides taking turns, after
-# both have compiled (see interleaved()).
+# Every timing is the median of --reps x --rounds timed calls per side, the two sides taking
+# turns call by call after both have compiled (cute_moe.bench.runner.alternating_ms: the
+# same clocks for both under the GPU's power limit); the block table also gives each side's
+# interquartile spread.
 from __future__ import annotations
 
 import argparse
@@ -23,9 +25,9 @@ import time
 
 import torch
 
-from common import (align_columns, fmt, import_cute_moe, peak_bytes, rel_error, run_meta,
-                    time_ms, write_json)
-from cute_moe.bench.runner import backward_ms  # noqa: E402  (common put cute_moe on the path)
+from common import align_columns, fmt, import_cute_moe, peak_bytes, rel_error, run_meta, write_json
+from cute_moe.bench.runner import (alternating_ms, backward_step,  # noqa: E402 (common put
+                                   call_step)                      # cute_moe on the path)
 
 FIELDS = ("tokens", "topk", "hidden", "inter", "experts", "act", "bias")  # M = tokens * topk
 SHAPES = {name: dict(zip(FIELDS, v)) for name, v in (
@@ -143,19 +145,6 @@ def reference(t: dict, offs, dy, act: str):
     return out, g, clamped
 
 
-def interleaved(timers: dict, rounds: int) -> dict:
-    """{name: median over `rounds` of timer()}, the sides taking turns (the first one
-    alternating). An H100 at its power limit runs slower the longer it has been busy: a
-    side timed right after an idle spell (QuACK's first call JIT-compiles for seconds)
-    would gain the boost clocks; taking turns gives both sides the same conditions."""
-    names = list(timers)
-    runs = {n: [] for n in names}
-    for r in range(rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            runs[n].append(timers[n]())
-    return {n: sorted(v)[len(v) // 2] for n, v in runs.items()}
-
-
 def prepare_block(block, leaves: dict, dy, ref) -> dict:
     """Compiles (QuACK JIT-compiles, and with --tuned autotunes, on the first call) and
     checks one implementation of the block; its errors, peak memory and timers."""
@@ -173,8 +162,7 @@ def prepare_block(block, leaves: dict, dy, ref) -> dict:
         block()
     torch.cuda.synchronize()
     res["fwd_wall_ms"] = (time.perf_counter() - t0) * 1e3 / 3
-    return res, (lambda reps, warmup: time_ms(block, reps, warmup),
-                 lambda reps, warmup: backward_ms(block, backward, reps, warmup))
+    return res, (call_step(block), backward_step(block, backward))
 
 
 def role_fns(t: dict, offs, cu, onehot, dy, act: str, tuned: bool) -> dict:
@@ -250,13 +238,12 @@ def bench_case(shape: str, routing: str, args) -> list[dict]:
                 raise
             block["quack_error"] = _why(exc)
         torch.cuda.empty_cache()
-    for what, timers in (("fwd_ms", fwd_timers), ("bwd_ms", bwd_timers)):
-        medians = interleaved({n: (lambda t=t: t(args.reps, args.warmup)) for n, t in timers.items()},
-                              args.rounds)
-        for name in medians:
-            results[name][what] = medians[name]
+    for what, steps in (("fwd_ms", fwd_timers), ("bwd_ms", bwd_timers)):
+        for name, (median, q1, q3) in alternating_ms(steps, args.reps * args.rounds, args.warmup).items():
+            results[name][what] = median
+            results[name][what + "_iqr"] = [q1, q3]
     for name, res in results.items():
-        for k in ("fwd_ms", "bwd_ms", "peak_bytes", "err", "fwd_wall_ms"):
+        for k in ("fwd_ms", "bwd_ms", "fwd_ms_iqr", "bwd_ms_iqr", "peak_bytes", "err", "fwd_wall_ms"):
             block[f"{name}_{k}"] = res.get(k)
     del ref
     rows = [block]
@@ -265,16 +252,16 @@ def bench_case(shape: str, routing: str, args) -> list[dict]:
         row = dict(base, kind="role", role=role, flops=2 * m * k_dim * n_dim, quack_error=None,
                    caveats=caveats(act, biased, args.tuned, role), quack_ms=None, diff=None)
         out = f_ours()
-        timers = {"ours": lambda: time_ms(f_ours, args.reps, args.warmup)}
+        timers = {"ours": call_step(f_ours)}
         if Q is not None:
             try:
                 row["diff"] = rel_error(f_theirs(), out)  # also compiles QuACK's kernel
-                timers["quack"] = lambda: time_ms(f_theirs, args.reps, args.warmup)
+                timers["quack"] = call_step(f_theirs)
             except Exception as exc:  # noqa: BLE001
                 row["quack_error"] = _why(exc)
         del out
-        for name, ms in interleaved(timers, args.rounds).items():
-            row[f"{name}_ms"] = ms
+        for name, (median, q1, q3) in alternating_ms(timers, args.reps * args.rounds, args.warmup).items():
+            row[f"{name}_ms"], row[f"{name}_iqr"] = median, [q1, q3]
         rows.append(row)
         print(f"[{shape}/{routing}] {role}: ours {row['ours_ms']:.3f} ms, quack "
               f"{fmt(row['quack_ms'], '.3f')} ms", file=sys.stderr, flush=True)
@@ -300,7 +287,15 @@ def print_tables(rows: list[dict]) -> None:
     x = lambda a, b: fmt(_ratio(a, b), ".2f") + ("x" if a and b else "")  # noqa: E731
     lines = [("shape", "routing", "act", "fwd ours", "fwd quack", "fwd x", "bwd ours",
               "bwd quack", "bwd x", "TF/s ours", "TF/s quack", "GiB ours", "GiB quack",
-              "err ours", "err quack", "caveats")]
+              "err ours", "err quack", "iqr % fwd", "iqr % bwd", "caveats")]
+
+    def spread(r, k):  # interquartile range over the median, ours / quack, in %
+        cells = []
+        for impl in ("ours", "quack"):
+            iqr, med = r.get(f"{impl}_{k}_iqr"), r.get(f"{impl}_{k}")
+            cells.append("-" if not iqr or not med else f"{100 * (iqr[1] - iqr[0]) / med:.1f}")
+        return "/".join(cells)
+
     for r in (r for r in rows if r["kind"] == "block"):
         cells = [r["shape"], r["routing"], r["act"] + ("+bias" if r["bias"] else "")]
         for k in ("fwd_ms", "bwd_ms"):
@@ -312,11 +307,12 @@ def print_tables(rows: list[dict]) -> None:
             cells.append(fmt(_ratio(r["fwd_flops"] + r["bwd_flops"], ms), ".0f"))
         cells += [fmt(_ratio(r[f"{i}_peak_bytes"], 2 ** 30), ".2f") for i in ("ours", "quack")]
         cells += [fmt(worst(r["ours_err"]), ".1e"), fmt(worst(r["quack_err"]), ".1e"),
-                  r["caveats"]]
+                  spread(r, "fwd_ms"), spread(r, "bwd_ms"), r["caveats"]]
         lines.append(tuple(cells))
     print("expert block: median ms of CUDA events (bwd: the backward alone); x = quack / ours; "
           "TF/s over the forward+backward GEMM FLOPs; GiB: peak above the inputs in one "
-          "forward+backward; err: worst relative error vs fp32 over out and every gradient")
+          "forward+backward; err: worst relative error vs fp32 over out and every gradient; "
+          "iqr: interquartile range of the timed calls over their median, ours / quack")
     print_table(lines)
     lines = [("shape", "routing", "role", "ms ours", "ms quack", "x", "TF/s ours", "TF/s quack",
               "diff", "caveats")]
@@ -342,7 +338,7 @@ def parse_args(argv=None):
                         help=f"comma-separated, from {', '.join(choices)}")
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions (median; >= 10)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="timings per side, the sides taking turns; the median is reported")
+                    help="timed calls per side = reps x rounds, the sides taking turns call by call")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--tuned", action="store_true",
                     help="QuACK autotunes each kernel on its first call (~22 configs: minutes)")

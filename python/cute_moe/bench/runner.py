@@ -53,13 +53,19 @@ class _Clock:
         else:
             self.marks[-1][1] = time.perf_counter()
 
-    def median_ms(self, skip: int) -> float:
+    def times_ms(self, skip: int) -> list:
         if self.cuda:
             torch.cuda.synchronize()
-            times = [s.elapsed_time(e) for s, e in self.marks[skip:]]
-        else:
-            times = [(e - s) * 1e3 for s, e in self.marks[skip:]]
-        return statistics.median(times)
+            return [s.elapsed_time(e) for s, e in self.marks[skip:]]
+        return [(e - s) * 1e3 for s, e in self.marks[skip:]]
+
+    def median_ms(self, skip: int) -> float:
+        return statistics.median(self.times_ms(skip))
+
+    def quartiles_ms(self, skip: int) -> tuple:
+        """(median, 25th, 75th percentile)."""
+        q1, q2, q3 = statistics.quantiles(self.times_ms(skip), n=4, method="inclusive")
+        return q2, q1, q3
 
 
 def time_ms(fn, reps: int, warmup: int, cuda: bool = True) -> float:
@@ -83,6 +89,42 @@ def backward_ms(forward, backward, reps: int, warmup: int, cuda: bool = True) ->
         clock.stop()
         del out
     return clock.median_ms(warmup)
+
+
+def alternating_ms(steps: dict, reps: int, warmup: int) -> dict:
+    """{side: (median, 25th, 75th percentile) ms} of each side's timed call, the sides
+    taking turns call by call (the order flipped every call), `warmup` untimed turns first.
+    A side is a step(clock) that brackets its call with clock.start() / clock.stop() (see
+    call_step, backward_step). Taking turns per call gives every side the same clocks: an
+    H100 at its power limit slows down within tens of milliseconds of GEMMs, by how much
+    depending on what ran, so sides timed in separate runs of calls (even alternating
+    runs) see different clocks."""
+    clocks = {name: _Clock(True) for name in steps}
+    names = list(steps)
+    for i in range(warmup + reps):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            steps[name](clocks[name])
+    return {name: clock.quartiles_ms(warmup) for name, clock in clocks.items()}
+
+
+def call_step(fn):
+    """A step of alternating_ms timing fn()."""
+    def step(clock):
+        clock.start()
+        fn()
+        clock.stop()
+    return step
+
+
+def backward_step(forward, backward):
+    """A step of alternating_ms timing backward(out) alone after an untimed out = forward()."""
+    def step(clock):
+        out = forward()
+        clock.start()
+        backward(out)
+        clock.stop()
+        del out
+    return step
 
 
 def peak_bytes(fn, cuda: bool) -> int | None:
