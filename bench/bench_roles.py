@@ -11,7 +11,8 @@
 #       [--rounds 3] [--schedules d,s] [--json out.json]
 # --orders: each forced config also under these tile orders (raster m/n + swizzle 1/2/4/8,
 # through CUTE_MOE_RASTER / CUTE_MOE_SWIZZLE; "auto" is the heuristic's order for the
-# heuristic's config and CUTLASS's default, along M with swizzle 1, for a forced one).
+# heuristic's config and CUTLASS's default, along M with swizzle 1, for a forced one). The
+# group scheduler applies no swizzle (docs/perf-notes.md, session 11): only the raster acts.
 # --schedules: every variant also under these weight-gradient tile schedules (CUTE_MOE_SCHEDULE:
 # d dynamic, s static; d4: dynamic with a lookahead of 4, CUTE_MOE_SCHEDULE_LOOKAHEAD); without
 # it, the default.
@@ -24,7 +25,8 @@ import sys
 import torch
 
 from bench_peer_quack import ROLES, SHAPES, make_case, role_fns
-from common import fmt, import_cute_moe, print_columns, run_meta, time_ms, write_json
+from common import fmt, import_cute_moe, print_columns, run_meta, write_json
+from cute_moe.bench.runner import alternating_ms, call_step  # noqa: E402 (common put cute_moe on the path)
 
 # the kernel-table call each role runs (torch.ops.cute_moe.kernel_table rows: call:act:config)
 ROLE_CALL = {"up_fprop_act": "act_forward", "down_fprop": "ragged_m", "down_dgrad_act": "act_backward_bcol",
@@ -75,17 +77,13 @@ def bench(shape: str, routing: str, args) -> list[dict]:
                 forced(ours, config, order, schedule)
                 for config in configs for order in (["auto"] if config is None else args.orders)
                 for schedule in (args.schedules or [None])}
-        # Rounds over all the role's variants, in alternating directions, the median of each:
-        # an H100's clock drifts with how long it has been busy, which would otherwise favour
-        # whatever is timed first (docs/perf-notes.md, session 6).
-        times = {name: [] for name in runs}
-        for r in range(args.rounds):
-            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                times[name].append(time_ms(runs[name], args.reps, args.warmup))
-        for name, t in times.items():
-            ms = sorted(t)[len(t) // 2]
+        # The variants take turns call by call, the median of each: an H100's clocks drift
+        # with what it has been running, which would otherwise favour whatever is timed in
+        # the better moment (docs/perf-notes.md, sessions 6 and 11).
+        steps = {name: call_step(run) for name, run in runs.items()}
+        for name, (ms, q1, q3) in alternating_ms(steps, args.reps * args.rounds, args.warmup).items():
             rows.append(dict(shape=shape, routing=routing, role=role, config=name,
-                             ms=ms, tflops=flops / ms / 1e9))
+                             ms=ms, iqr=[q1, q3], tflops=flops / ms / 1e9))
             print(f"[{shape}/{routing}] {role} {name}: {ms:.3f} ms", file=sys.stderr, flush=True)
     return rows
 
@@ -97,8 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="", help="only these forced configs (comma-separated)")
     ap.add_argument("--roles", default="", help="only these roles (comma-separated)")
     ap.add_argument("--orders", default="auto", help="tile orders of the forced configs, e.g. auto,m1,n2")
-    ap.add_argument("--rounds", type=int, default=3, help="timings of each variant, in rounds over "
-                    "all of a role's variants (alternating direction); the median is reported")
+    ap.add_argument("--rounds", type=int, default=3, help="timed calls per variant = reps x rounds, "
+                    "all of a role's variants taking turns call by call; the median is reported")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--schedules", default="", help="weight-gradient tile schedules to time, e.g. d,s")
