@@ -38,6 +38,21 @@ CUTE_MOE_HOST_DEVICE float sigmoid(float x) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__)
+// min / max that return NaN when either input is NaN (as torch.clamp passes a NaN through);
+// the bound is never NaN.
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#endif
+
 CUTE_MOE_HOST_DEVICE float tanh_fast(float x) {
 #if defined(__CUDA_ARCH__)
   float y;
@@ -89,8 +104,22 @@ struct GatedUnit {
   static constexpr bool kGated = true;
 
   CUTE_MOE_HOST_DEVICE static float bound(const ActParams& p) { return p.has_limit ? p.limit : INFINITY; }
-  CUTE_MOE_HOST_DEVICE static float clamp_gate(float a, float hi) { return a > hi ? hi : a; }
-  CUTE_MOE_HOST_DEVICE static float clamp_linear(float b, float hi) { return b < -hi ? -hi : (b > hi ? hi : b); }
+  // On the device min / max with NaN propagation (FMNMX, one instruction per bound where a
+  // compare and a select took two): the same values as the host's ternaries, NaN included.
+  CUTE_MOE_HOST_DEVICE static float clamp_gate(float a, float hi) {
+#if defined(__CUDA_ARCH__)
+    return min_nan(a, hi);
+#else
+    return a > hi ? hi : a;
+#endif
+  }
+  CUTE_MOE_HOST_DEVICE static float clamp_linear(float b, float hi) {
+#if defined(__CUDA_ARCH__)
+    return max_nan(min_nan(b, hi), -hi);
+#else
+    return b < -hi ? -hi : (b > hi ? hi : b);
+#endif
+  }
 
   CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const ActParams& p) {
     const float hi = bound(p);
