@@ -94,11 +94,11 @@ struct GeluTanhGate {  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (torc
 
 // h = f(min(a, L)) * (clamp(b, -L, L) + kLinearOffset)
 //
-// Written without branches for the epilogues, where they run once per element: the
-// bound is L, or +inf without a limit (no clamp then: nothing compares above +inf), and
-// each clamp is a compare and a select. A NaN passes through as it would through
-// torch.clamp, and the masks are PyTorch's (inside the closed interval; everything
-// without a limit).
+// Written without branches for the epilogues, where they run once per element: the bound
+// is L, or +inf without a limit (no clamp then: nothing exceeds +inf), and each clamp is a
+// min / max on the device (a compare and a select on the host). A NaN passes through as
+// it would through torch.clamp, and the masks are PyTorch's (inside the closed interval;
+// everything without a limit).
 template <class Gate, int kLinearOffset>
 struct GatedUnit {
   static constexpr bool kGated = true;
