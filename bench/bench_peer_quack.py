@@ -165,6 +165,16 @@ def prepare_block(block, leaves: dict, dy, ref) -> dict:
     return res, (call_step(block), backward_step(block, backward))
 
 
+def block_fns(t: dict, offs, cu, onehot, act: str, tuned: bool) -> dict:
+    """{side: the expert block's forward} on the same leaves (ours: expert_ffn; QuACK's
+    composed from its public kernels, QuackBlock)."""
+    import cute_moe
+    return {"ours": lambda: cute_moe.expert_ffn(t["x"], t["w_up"], t["w_down"], offs, t["b_up"],
+                                                t["b_down"], activation=act, swiglu_alpha=ALPHA),
+            "quack": lambda: QuackBlock.apply(t["x"], t["w_up"], t["b_up"], t["w_down"],
+                                              t["b_down"], cu, onehot, act, tuned)}
+
+
 def role_fns(t: dict, offs, cu, onehot, dy, act: str, tuned: bool) -> dict:
     """{role: (ours, quack)}, each returning its main output, on the same operands (our
     forward's h and pre, our backward's dpre)."""
@@ -211,7 +221,6 @@ def caveats(act: str, biased: bool, tuned: bool, role: str | None, clamped=None)
 
 
 def bench_case(shape: str, routing: str, args) -> list[dict]:
-    import cute_moe
     s = SHAPES[shape]
     act, biased, m, h, i = s["act"], s["bias"], s["tokens"] * s["topk"], s["hidden"], s["inter"]
     sizes, t, offs, cu, onehot, dy = make_case(s, routing, args.seed)
@@ -223,10 +232,7 @@ def bench_case(shape: str, routing: str, args) -> list[dict]:
     block = dict(base, kind="block", fwd_flops=fwd_flops, bwd_flops=2 * fwd_flops,
                  clamped=ref[2], caveats=caveats(act, biased, args.tuned, None, ref[2]),
                  quack_error=None)
-    impls = {"ours": lambda: cute_moe.expert_ffn(t["x"], t["w_up"], t["w_down"], offs, t["b_up"],
-                                                 t["b_down"], activation=act, swiglu_alpha=ALPHA),
-             "quack": lambda: QuackBlock.apply(t["x"], t["w_up"], t["b_up"], t["w_down"],
-                                               t["b_down"], cu, onehot, act, args.tuned)}
+    impls = block_fns(t, offs, cu, onehot, act, args.tuned)
     results, fwd_timers, bwd_timers = {}, {}, {}
     for name, fn in impls.items():
         results[name] = {}

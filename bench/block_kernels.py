@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--roles", action="store_true")
     args = ap.parse_args()
-    cute_moe = import_cute_moe()
+    import_cute_moe()
     peer.Q, why = peer.load_quack()
     if peer.Q is None:
         print(f"QuACK: skipped ({why})")
@@ -65,12 +65,9 @@ def main() -> int:
             sizes, t, offs, cu, onehot, dy = peer.make_case(s, routing, args.seed)
             leaves = [v for v in t.values() if v is not None]
             act = s["act"]
-            sides = {"ours": lambda: cute_moe.expert_ffn(t["x"], t["w_up"], t["w_down"], offs, t["b_up"],
-                                                         t["b_down"], activation=act,
-                                                         swiglu_alpha=peer.ALPHA)}
-            if peer.Q is not None:
-                sides["quack"] = lambda: peer.QuackBlock.apply(t["x"], t["w_up"], t["b_up"], t["w_down"],
-                                                               t["b_down"], cu, onehot, act, False)
+            sides = peer.block_fns(t, offs, cu, onehot, act, False)
+            if peer.Q is None:
+                del sides["quack"]
             for side, fn in sides.items():
                 per, busy, span = profile_block(fn, leaves, dy, args.iters, args.forward_only)
                 what = "fwd" if args.forward_only else "fwd+bwd"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _library
-from .ops.fp8 import check_quantize_128x128_args, check_quantize_1x128_args
+from .ops.fp8 import check_quantize_128x128_args, check_quantize_1x128_args, reference_128x128
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128"]
@@ -33,8 +33,4 @@ def quantize_128x128(w: torch.Tensor, as_is: bool = True, transposed: bool = Fal
     check_quantize_128x128_args(w, as_is, transposed)
     if _op(w):
         return torch.ops.cute_moe.quantize_fp8_128x128(w, as_is, transposed)
-    q, s = _ref.quantize_128x128(w)
-    none8, none32 = w.new_empty(0, dtype=_ref.FP8_DTYPE), w.new_empty(0, dtype=torch.float32)
-    return (q if as_is else none8, s if as_is else none32,
-            q.transpose(-2, -1).contiguous() if transposed else none8,
-            s.transpose(-2, -1).contiguous() if transposed else none32)
+    return reference_128x128(w, as_is, transposed)

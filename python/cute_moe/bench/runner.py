@@ -59,39 +59,27 @@ class _Clock:
             return [s.elapsed_time(e) for s, e in self.marks[skip:]]
         return [(e - s) * 1e3 for s, e in self.marks[skip:]]
 
-    def median_ms(self, skip: int) -> float:
-        return statistics.median(self.times_ms(skip))
-
     def quartiles_ms(self, skip: int) -> tuple:
-        """(median, 25th, 75th percentile)."""
-        q1, q2, q3 = statistics.quantiles(self.times_ms(skip), n=4, method="inclusive")
+        """(median, 25th, 75th percentile); a single time is all three."""
+        times = self.times_ms(skip)
+        if len(times) < 2:
+            return times[0], times[0], times[0]
+        q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
         return q2, q1, q3
 
 
 def time_ms(fn, reps: int, warmup: int, cuda: bool = True) -> float:
     """Median time of fn() over `reps` calls after `warmup` untimed ones."""
-    clock = _Clock(cuda)
-    for _ in range(warmup + reps):
-        clock.start()
-        fn()
-        clock.stop()
-    return clock.median_ms(warmup)
+    return alternating_ms({"fn": call_step(fn)}, reps, warmup, cuda)["fn"][0]
 
 
 def backward_ms(forward, backward, reps: int, warmup: int, cuda: bool = True) -> float:
     """Median time of backward(out) alone, each after an untimed out = forward(): the
     events bracket only the backward's kernels."""
-    clock = _Clock(cuda)
-    for _ in range(warmup + reps):
-        out = forward()
-        clock.start()
-        backward(out)
-        clock.stop()
-        del out
-    return clock.median_ms(warmup)
+    return alternating_ms({"bwd": backward_step(forward, backward)}, reps, warmup, cuda)["bwd"][0]
 
 
-def alternating_ms(steps: dict, reps: int, warmup: int) -> dict:
+def alternating_ms(steps: dict, reps: int, warmup: int, cuda: bool = True) -> dict:
     """{side: (median, 25th, 75th percentile) ms} of each side's timed call, the sides
     taking turns call by call (the order flipped every call), `warmup` untimed turns first.
     A side is a step(clock) that brackets its call with clock.start() / clock.stop() (see
@@ -99,7 +87,7 @@ def alternating_ms(steps: dict, reps: int, warmup: int) -> dict:
     H100 at its power limit slows down within tens of milliseconds of GEMMs, by how much
     depending on what ran, so sides timed in separate runs of calls (even alternating
     runs) see different clocks."""
-    clocks = {name: _Clock(True) for name in steps}
+    clocks = {name: _Clock(cuda) for name in steps}
     names = list(steps)
     for i in range(warmup + reps):
         for name in (names if i % 2 == 0 else names[::-1]):

@@ -11,7 +11,7 @@ from ..reference.fp8 import FP8_DTYPE, quantize_1x128, quantize_128x128
 from .checks import fail
 from .registry import register_kernels
 
-__all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args"]
+__all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128"]
 
 OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128")
 
@@ -68,7 +68,8 @@ def _fake_128x128(w, as_is, transposed):
             w.new_empty(e, _blocks(n), _blocks(k), dtype=torch.float32) if transposed else none32)
 
 
-def _cpu_128x128(w, as_is, transposed):
+def reference_128x128(w, as_is: bool, transposed: bool):
+    """The op's outputs from the reference (its CPU kernel, and cute_moe.fp8's fallback)."""
     check_quantize_128x128_args(w, as_is, transposed)
     q, s = quantize_128x128(w)
     none8, none32 = w.new_empty(0, dtype=FP8_DTYPE), w.new_empty(0, dtype=torch.float32)
@@ -79,7 +80,7 @@ def _cpu_128x128(w, as_is, transposed):
 
 def _register() -> None:
     register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
-    register_kernels("quantize_fp8_128x128", _fake_128x128, _cpu_128x128)
+    register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
 
 
 if _library.library_loaded():
