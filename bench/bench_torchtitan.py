@@ -16,6 +16,9 @@
 #       [--batch 4] [--seq 2048] [--steps 10] [--json out.json]
 # Several GPUs (FSDP2 over all ranks, bf16 parameters, expert parallel --ep):
 #   torchrun --nproc-per-node 2 bench/bench_torchtitan.py --ep 2   (scripts/torchtitan_2gpu.sh)
+# The same global batches on one GPU, to check a multi-GPU run's losses against one GPU's:
+#   python bench/bench_torchtitan.py --batches-of 2 --json one.json      (rank 0 and 1's rows)
+#   torchrun --nproc-per-node 2 bench/bench_torchtitan.py --ep 2 --losses-like one.json
 from __future__ import annotations
 
 import argparse
@@ -87,6 +90,37 @@ def run(name, model_args, impl, job, dims, data, state_dict, args):
     return out
 
 
+def rank_batches(args, rank):
+    """This process's (inputs, labels) per step: rank `rank`'s batches (seeded by the rank),
+    or with --batches-of N those of ranks 0..N-1 stacked row-wise."""
+    def of(r):
+        return tm.batches(args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
+                          device="cuda", seed=r)
+    if args.batches_of <= 1:
+        return of(rank)
+    per_rank = [of(r) for r in range(args.batches_of)]
+    return [tuple(torch.cat(parts) for parts in zip(*step)) for step in zip(*per_rank)]
+
+
+def losses_agreement(records, path):
+    """(model, experts, there's world/EP, max relative loss difference) for every record
+    that `path`'s JSON has too."""
+    import json
+    with open(path) as f:
+        there = json.load(f)
+    meta = there.get("meta", {})
+    where = f"{meta.get('world', '?')} GPU(s), EP {meta.get('ep', '?')}"
+    theirs = {(r["model"], r["impl"]): r["losses"] for r in there["results"]}
+    rows = []
+    for r in records:
+        ref = theirs.get((r["model"], r["impl"]))
+        if ref is None or len(ref) != len(r["losses"]):
+            continue
+        rows.append((r["model"], r["impl"], where,
+                     fmt(max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref)), ".1e")))
+    return rows
+
+
 def stack_cost(model_args, reps=20):
     """One Qwen3 layer's per-call up-weight preparation: torchtitan's w1.bfloat16() and
     w3.bfloat16() against cute_moe's [w1; w3] stack, from fp32 (one GPU) and bf16 (FSDP2's
@@ -115,6 +149,12 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--ep", type=int, default=1, help="expert-parallel degree (torchrun)")
+    ap.add_argument("--batches-of", type=int, default=0, metavar="N",
+                    help="one process: train on the batches N ranks would see together (each "
+                         "step the rows of ranks 0..N-1, --batch rows each)")
+    ap.add_argument("--losses-like", default=None, metavar="JSON",
+                    help="a run's JSON (e.g. one GPU with --batches-of) whose per-step losses "
+                         "this run's are compared with, model by model and experts by experts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -131,8 +171,7 @@ def main(argv=None) -> int:
         job = tm.job_config(name, seq=args.seq, batch=args.batch, lr=args.lr, steps=args.steps,
                             ep=args.ep, dp_shard=-1)
         dims = tm.parallel_dims(job, world)
-        data = tm.batches(args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
-                          device="cuda", seed=rank)
+        data = rank_batches(args, rank)
         t0 = time.time()
         base = tm.build_model(name, model_args, job, dims, "cuda", cute=False)
         sd = {k: v.detach().clone() for k, v in base.state_dict().items()}
@@ -140,7 +179,7 @@ def main(argv=None) -> int:
         runs = {impl: run(name, model_args, impl, job, dims, data, sd, args) for impl in IMPLS}
         del sd
         torch.cuda.empty_cache()
-        tokens = args.batch * args.seq * world
+        tokens = args.batch * args.seq * world * max(1, args.batches_of)
         ref = runs["torchtitan"]
         dloss = max(abs(a - b) / abs(b) for a, b in zip(runs["cute_moe"]["losses"], ref["losses"]))
         for impl, r in runs.items():
@@ -153,19 +192,24 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"# {key}: {args.layers} layers, {tokens} tokens/step, world {world}, ep {args.ep} "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr)
+    agreement = losses_agreement(records, args.losses_like) if args.losses_like else []
     stack = stack_cost(qwen3_30b_a3b(args)[1]) if "qwen3-30b-a3b" in args.models and rank == 0 else []
     if rank == 0:
         print(f"torchtitan {args.layers}-layer MoE models, {args.batch}x{args.seq} tokens per rank, "
               f"{world} GPU(s), EP {args.ep}, {torch.cuda.get_device_name()}; losses per step of the "
               "same weights and batches")
         print_columns(rows, left=2)
+        if agreement:
+            print(f"\nlosses against {os.path.basename(args.losses_like)} (same weights, same global "
+                  "batches), max over steps of |loss - loss_there| / loss_there:")
+            print_columns([("model", "experts", "there", "max rel diff")] + agreement, left=2)
         if stack:
             print("\nper-call up-weight preparation of one Qwen3-30B-A3B layer (128 x 768 x 2048 x 2), ms:")
             print_columns([("weights", "torchtitan: w1, w3 .bfloat16()", "cute_moe: [w1; w3] stack")]
                           + [(d, fmt(a, ".3f"), fmt(b, ".3f")) for d, a, b in stack], left=1)
         if args.json:
             write_json(args.json, run_meta(layers=args.layers, batch=args.batch, seq=args.seq,
-                                           world=world, ep=args.ep,
+                                           world=world, ep=args.ep, batches_of=args.batches_of,
                                            stack_ms=[dict(dtype=d, torchtitan=a, cute_moe=b)
                                                      for d, a, b in stack]), records)
     if world > 1:
