@@ -4,8 +4,8 @@
 # torch._grouped_mm with the activation and bias unfused) against "cute_moe", in the same
 # run: median step ms (AdamW, bf16, eager attention) and peak memory, at GPT-OSS-20B's MoE
 # dimensions (hidden 2880, 32 experts of 2880, top-4; the fused route) and Qwen3-30B-A3B's
-# (hidden 2048, 128 experts of 768, top-8; [gate; up] halves, the interim unfused route of
-# cute_moe.integrations.transformers). "grouped_mm" runs first, so any advantage of a GPU
+# (hidden 2048, 128 experts of 768, top-8; HF's [gate; up] halves, read in place by the fused
+# kernels). "grouped_mm" runs first, so any advantage of a GPU
 # fresh from idle goes to the baseline. Table on stdout.
 #
 #   python bench/bench_hf_step.py [--models gpt-oss-20b,qwen3-30b-a3b] [--steps 25]

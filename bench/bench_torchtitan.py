@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -65,7 +66,10 @@ def setup_distributed(args):
 
 def run(name, model_args, impl, job, dims, data, state_dict, args):
     """Trains `impl`'s model from `state_dict` on `data`: per-step ms (CUDA events),
-    losses, peak memory."""
+    losses, peak memory above what was allocated before the model was built (its
+    parameters, gradients, optimizer states and activations: what the run itself takes)."""
+    release()
+    before = torch.cuda.memory_allocated()
     model = tm.build_model(name, model_args, job, dims, "cuda", cute=impl == "cute_moe",
                            state_dict=state_dict)
     step = tm.TrainStep(name, model, model_args, job, dims)
@@ -84,10 +88,18 @@ def run(name, model_args, impl, job, dims, data, state_dict, args):
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in times[args.warmup:])
     out = dict(step_ms=ms[len(ms) // 2], losses=[float(v) for v in losses.tolist()],
-               peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+               peak_gib=(torch.cuda.max_memory_allocated() - before) / 2**30)
     del step, model
-    torch.cuda.empty_cache()
+    release()
     return out
+
+
+def release():
+    """Frees what earlier models left: an FSDP2 + EP model holds reference cycles, so
+    without a collection its ~5 GB stayed allocated into the next run (measured on 2 GPUs:
+    whichever implementation ran second showed the first's parameters and states)."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def rank_batches(args, rank):
@@ -163,7 +175,7 @@ def main(argv=None) -> int:
     import_cute_moe()
     world = setup_distributed(args)
     rank = torch.distributed.get_rank() if world > 1 else 0
-    rows = [("model", "experts", "step ms", "tokens/s", "x", "peak GiB", "loss[0]", "loss[-1]",
+    rows = [("model", "experts", "step ms", "tokens/s", "x", "peak GiB (run)", "loss[0]", "loss[-1]",
              "max |dloss|/loss")]
     records = []
     for key in args.models.split(","):
@@ -197,7 +209,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"torchtitan {args.layers}-layer MoE models, {args.batch}x{args.seq} tokens per rank, "
               f"{world} GPU(s), EP {args.ep}, {torch.cuda.get_device_name()}; losses per step of the "
-              "same weights and batches")
+              "same weights and batches; peak GiB (run): above what was allocated before the model was built")
         print_columns(rows, left=2)
         if agreement:
             print(f"\nlosses against {os.path.basename(args.losses_like)} (same weights, same global "

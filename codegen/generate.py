@@ -56,6 +56,7 @@ def check_declaration() -> None:
         need(v.acts in ("unfused", "forward", "backward", "backward_gated"), f"{v.enum}: acts {v.acts!r}")
         need(v.ragged in ("m", "k"), f"{v.enum}: ragged {v.ragged!r}")
         need(v.out in ks.DTYPES, f"{v.enum}: out dtype {v.out!r} not in DTYPES")
+        need(v.ab in ks.DTYPES, f"{v.enum}: operand dtype {v.ab!r} not in DTYPES")
     for (arch, variant), tiles in ks.TILES.items():
         need(arch in arches, f"TILES names an undeclared arch {arch!r}")
         need(any(v.enum == variant for v in ks.VARIANTS), f"TILES names an undeclared variant {variant!r}")
@@ -266,7 +267,7 @@ def kernel_tu(arch, v, role, t, a) -> str:
              f"cute_moe::detail::Act::{a.enum if a else 'Unfused'}>")
     # the declaration's element types, checked against the kernel's (the fused backward
     # stores packed bf16 pairs as 32-bit words)
-    checks = f"static_assert(std::is_same_v<{types}::ElementAB, {ks.DTYPES[ks.AB_DTYPE]}>, \"A/B dtype\");\n"
+    checks = f"static_assert(std::is_same_v<{types}::ElementAB, {ks.DTYPES[v.ab]}>, \"A/B dtype\");\n"
     if not v.acts.startswith("backward"):
         checks += f"static_assert(std::is_same_v<{types}::ElementD, {ks.DTYPES[v.out]}>, \"D dtype\");\n"
     return f"""// {BANNER}; do not edit.

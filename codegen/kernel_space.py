@@ -40,6 +40,7 @@ class Variant(NamedTuple):
                     # "backward_gated" (the gated ones)
     family: str     # which arch header holds its traits (HEADERS)
     out: str        # element type of D, one of DTYPES (the fused backward stores bf16 pairs)
+    ab: str = "bf16"  # element type of A and B, one of DTYPES
 
 
 class Tile(NamedTuple):
@@ -67,9 +68,8 @@ ACTIVATIONS = (
 DEFAULT_ACTIVATION = "swiglu_oai"
 DEFAULT_ALPHA = 1.702  # swiglu_oai's sigmoid scale
 
-# Element types (C++ spelling): A and B are AB_DTYPE in every kernel; D is per variant.
-DTYPES = {"bf16": "cutlass::bfloat16_t", "f32": "float"}
-AB_DTYPE = "bf16"
+# Element types (C++ spelling) of the operands (Variant.ab) and outputs (Variant.out).
+DTYPES = {"bf16": "cutlass::bfloat16_t", "f32": "float", "e4m3": "cutlass::float_e4m3_t"}
 
 VARIANTS = (
     Variant("RaggedM_BRow", "ragged_m", "ragged_m (weight n-contiguous)", "m", "unfused",
@@ -93,13 +93,18 @@ VARIANTS = (
     Variant("ActBwdHalves_BRow", "act_backward_halves",
             "act_backward (dpre as [dgate | dlinear] halves, weight n-contiguous)", "m",
             "backward_gated", "act", "bf16"),
+    # FP8 (docs/fp8.md): e4m3 operands with fp32 block scales applied per 128-long k-block,
+    # A by 1 x 128 blocks, B by 128 x 128; both k-major (FP8 tensor cores read no other).
+    Variant("Fp8RaggedM", "fp8_ragged_m",
+            "fp8_ragged_m (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)", "m",
+            "unfused", "fp8", "bf16", ab="e4m3"),
 )
 
 # Per arch, the header (under src/core) that defines each variant family's traits.
 HEADERS = {
     "sm90": {"ragged_m": "sm90/ragged_m_variants.cuh", "ragged_k": "sm90/ragged_k_variants.cuh",
              "act": "sm90/act_variants.cuh",
-             "gather": "sm90/gather_variants.cuh"},
+             "gather": "sm90/gather_variants.cuh", "fp8": "sm90/fp8_variants.cuh"},
 }
 
 SCHEDULES = ("Cooperative", "Pingpong")  # 2 consumer warpgroups share a tile / alternate tiles
@@ -118,6 +123,8 @@ _NARROW = Tile(128, 128, 64, 2, 1, "Pingpong")
 _SMALL = Tile(64, 128, 128, 1, 1, "Pingpong")
 _MID_PONG = Tile(128, 192, 64, 2, 1, "Pingpong")
 _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
+# FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
+_FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 
 # Per (arch, variant), the compiled tiles by role, in dispatch-table order (the cost
 # model keeps the earlier of two equally cheap rows). The 128x192 "mid" tiles: 5-40% faster
@@ -134,4 +141,5 @@ TILES = {
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
+    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
 }

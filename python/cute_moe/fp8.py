@@ -1,15 +1,18 @@
-"""The FP8 quantizers of the training recipe (docs/fp8.md), on the GPU: e4m3 values with one
-fp32 scale per block, amax and scales computed on the device (no host sync), bit for bit
-cute_moe.reference.fp8 (which runs instead on the CPU or without the op library)."""
+"""The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
+one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
+cute_moe.reference.fp8) and the ragged-M grouped GEMM on their outputs. On the CPU or without
+the op library, the references run instead."""
 from __future__ import annotations
 
 import torch
 
 from . import _library
-from .ops.fp8 import check_quantize_128x128_args, check_quantize_1x128_args, reference_128x128
+from .ops.checks import check_offs_values
+from .ops.fp8 import (check_grouped_mm_fp8_args, check_quantize_128x128_args,
+                      check_quantize_1x128_args, reference_128x128, reference_grouped_mm_fp8)
 from .reference import fp8 as _ref
 
-__all__ = ["quantize_1x128", "quantize_128x128"]
+__all__ = ["quantize_1x128", "quantize_128x128", "grouped_mm"]
 
 
 def _op(x: torch.Tensor) -> bool:
@@ -34,3 +37,33 @@ def quantize_128x128(w: torch.Tensor, as_is: bool = True, transposed: bool = Fal
     if _op(w):
         return torch.ops.cute_moe.quantize_fp8_128x128(w, as_is, transposed)
     return reference_128x128(w, as_is, transposed)
+
+
+def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+               offs: torch.Tensor, bias: torch.Tensor | None = None,
+               row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Ragged-M FP8 grouped GEMM with DeepSeek-style block scales: for the rows r of group e,
+    y[r] = row_scale[r] * (deq(x)[r] @ deq(w)[e] + bias[e]), deq(x) = x * x_scale by 1 x 128
+    blocks and deq(w) = w * w_scale by 128 x 128 blocks; fp32 math, one rounding to the
+    bfloat16 output (m, n). Rows at or past offs[-1] are zero.
+
+    - x: e4m3 (m, k), unit stride along k, its row stride a multiple of 16 elements;
+      k a multiple of 16 (not necessarily of 128: the last block may be shorter).
+    - x_scale: float32 (m, ceil(k / 128)), as quantize_1x128 returns it (any strides).
+    - w: e4m3 (E, k, n), k-contiguous (w.stride(1) == 1: FP8 tensor cores read both
+      operands k-major), e.g. ``q_t.transpose(-2, -1)`` of the (E, n, k) ``q_t`` of
+      ``quantize_128x128(..., transposed=True)``; w.stride(2) and w.stride(0) multiples of
+      16; n a multiple of 8; 1 <= E <= 65536.
+    - w_scale: float32 (E, ceil(k / 128), ceil(n / 128)) (any strides: the as-is scale, or
+      ``scale_t.transpose(-2, -1)``).
+    - offs: int32 (E,) cumulative end offsets of the groups, read on the device only.
+    - bias: optional bfloat16 (E, n), unit stride along n; row_scale: optional float32 (m,),
+      contiguous (e.g. the router probabilities of the rows).
+
+    A forward building block, without autograd: the FP8 training path (its backward GEMMs
+    and quantizing epilogues) comes later."""
+    check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias, row_scale)
+    check_offs_values("grouped_mm_fp8", offs, x.shape[0], "x")
+    if _op(x):
+        return torch.ops.cute_moe.grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
+    return reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)

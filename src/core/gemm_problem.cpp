@@ -93,6 +93,28 @@ GemmProblem lower(const ActBackwardArgs& a) {
   return p;
 }
 
+GemmProblem lower(const Fp8RaggedMGemmArgs& a) {
+  GemmProblem p;
+  p.variant = KernelVariant::Fp8RaggedM;
+  p.b_k_major = true;
+  p.m = a.m;
+  p.n = a.n;
+  p.k = a.k;
+  p.num_groups = a.num_groups;
+  p.offs = a.offs;
+  p.a = {a.x, a.ldx, Elem::kE4M3};
+  p.a_scales = {a.x_scale, 0, a.x_scale_stride_row, a.x_scale_stride_block};
+  p.b = {a.w, a.w_stride_n, Elem::kE4M3};
+  p.b_group_stride = a.w_stride_group;
+  p.b_scales = {a.w_scale, a.w_scale_stride_group, a.w_scale_stride_n, a.w_scale_stride_k};
+  p.d = {a.y, a.ldy};
+  p.bias = a.bias;
+  p.bias_group_stride = a.bias_stride_group;
+  p.group_scale = a.group_scale;
+  p.row_scale = a.row_scale;
+  return p;
+}
+
 GroupedProblem heuristic_view(const GemmProblem& p) {
   GroupedProblem g{p.variant, p.m, p.n, p.k, p.num_groups};
   g.act = p.act;

@@ -14,6 +14,7 @@
 
 #include "activations.h"  // ActParams
 #include "host_device.h"
+#include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
 #include "heuristics.h"  // GroupedProblem
 #include "kernel_types.h"
@@ -21,9 +22,19 @@
 namespace cute_moe::detail {
 
 // Element of an operand as the kernel reads it. kBF16Pair: a (gate, linear) pair of bf16
-// read as one 32-bit word (the fused backward's view of a gated pre / dpre).
-enum class Elem { kBF16, kF32, kBF16Pair };
-constexpr int64_t elem_bytes(Elem e) { return e == Elem::kBF16 ? 2 : 4; }
+// read as one 32-bit word (the fused backward's view of a gated pre / dpre). kE4M3: FP8.
+enum class Elem { kBF16, kF32, kBF16Pair, kE4M3 };
+constexpr int64_t elem_bytes(Elem e) { return e == Elem::kE4M3 ? 1 : e == Elem::kBF16 ? 2 : 4; }
+
+// The fp32 block scales of an FP8 operand (docs/fp8.md): a (groups,) mn-blocks x k-blocks
+// array, block (g, i, j) at ptr + g * stride_group + i * stride_mn + j * stride_k. Ragged M's
+// A has one per row (i is the row, no group stride: a group's rows start at its first row's).
+struct BlockScales {
+  const float* ptr = nullptr;  // null: an operand without scales (bf16)
+  int64_t stride_group = 0;
+  int64_t stride_mn = 0;
+  int64_t stride_k = 0;
+};
 
 // A matrix operand: rows ld elements apart (ld in units of elem). Null ptr: absent.
 struct Operand {
@@ -46,10 +57,13 @@ struct GemmProblem {
   Operand a;                             // ragged M: x (m, k); ragged K: x (m, k), read as x^T
   const int32_t* gather_rows = nullptr;  // ragged M: A row r is row gather_rows[r] of a
   int64_t a_rows = 0;                    //   (which then has a_rows rows)
+  BlockScales a_scales;                  // FP8: A's 1 x 128 block scales, (m, ceil(k / 128))
   Operand b;                             // ragged M: W[g] at b.ptr + g * b_group_stride;
   int64_t b_group_stride = 0;            //   ragged K: dy (m, n)
   bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
   bool b_halves = false;                 // act forward: W's gate / linear columns as [gate | linear]
+  BlockScales b_scales;                  // FP8: B's 128 x 128 block scales, (groups, ceil(n / 128),
+                                         //   ceil(k / 128))
   Operand c;                             // epilogue source (act backward: pre)
   Operand d;                             // output
   Operand aux;                           // second output (act forward: h; backward: p * h)
@@ -70,6 +84,7 @@ GemmProblem lower(const RaggedMGemmArgs& a);
 GemmProblem lower(const RaggedKGemmArgs& a);
 GemmProblem lower(const ActForwardArgs& a);
 GemmProblem lower(const ActBackwardArgs& a);
+GemmProblem lower(const Fp8RaggedMGemmArgs& a);
 
 // What the heuristic sees of a problem.
 GroupedProblem heuristic_view(const GemmProblem& p);

@@ -65,6 +65,8 @@ __global__ void ragged_m_setup_kernel(GemmProblem p, GroupArrays g, float* row_p
       }
       if (g.row_scale != nullptr) g.row_scale[e] = p.row_scale + r.begin;
       if (g.row_partial != nullptr) g.row_partial[e] = row_partial + r.begin;
+      if (g.a_scales != nullptr) g.a_scales[e] = p.a_scales.ptr + r.begin * p.a_scales.stride_mn;
+      if (g.b_scales != nullptr) g.b_scales[e] = p.b_scales.ptr + e * p.b_scales.stride_group;
     }
   }
   // Padding rows [offs[E-1], m) belong to no group: the GEMM skips them, we zero them.
@@ -170,6 +172,8 @@ size_t lay_out_group_arrays(char* base, const GemmProblem& p, GroupArrays* g) {
   take(g->row_scale, e, p.row_scale != nullptr);
   take(g->row_partial, e, p.row_scale_grad);
   take(g->gather_rows, e, p.gather_rows != nullptr);
+  take(g->a_scales, e, p.a_scales.ptr != nullptr);
+  take(g->b_scales, e, p.b_scales.ptr != nullptr);
   return used;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
 #include "device_info.h"
 #include "gemm_problem.h"
@@ -222,6 +223,7 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.dynamic_schedule = plan.dynamic_schedule;
   ctx.schedule_lookahead = plan.lookahead;
   ctx.act = p.act_params;
+  ctx.scales = {p.a_scales.stride_mn, p.a_scales.stride_k, p.b_scales.stride_mn, p.b_scales.stride_k};
   ctx.d = {const_cast<void*>(p.d.ptr), p.d.ld, p.n};
   if (!is_ragged_m(p)) {  // (groups, k, n): one block per group
     ctx.d.rows = p.k;
@@ -259,6 +261,10 @@ Result run(const ActForwardArgs&, const detail::GemmProblem& p, const Plan& plan
   return enqueue_gemm(p, plan, ws, stream);
 }
 
+Result run(const Fp8RaggedMGemmArgs&, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
+  return enqueue_gemm(p, plan, ws, stream);
+}
+
 Result run(const ActBackwardArgs& args, const detail::GemmProblem& p, const Plan& plan, void* ws,
            cudaStream_t stream) {
   Result r = enqueue_gemm(p, plan, ws, stream);
@@ -292,6 +298,7 @@ Result run(const RaggedKGemmArgs& args, const detail::GemmProblem& p, const Plan
 bool nothing_to_do(const RaggedMGemmArgs& a) { return a.m == 0; }
 bool nothing_to_do(const ActForwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const ActBackwardArgs& a) { return a.gemm.m == 0; }
+bool nothing_to_do(const Fp8RaggedMGemmArgs& a) { return a.m == 0; }
 bool nothing_to_do(const RaggedKGemmArgs&) { return false; }
 
 // A call with the caller's workspace.
@@ -371,7 +378,20 @@ Result act_backward(const ActBackwardArgs& args, const WorkspaceAllocator& alloc
   return call("act_backward", args, allocate, stream, opts);
 }
 
+Result fp8_ragged_m_gemm(const Fp8RaggedMGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                         const GemmOptions& opts) {
+  return call("fp8_ragged_m_gemm", args, workspace, workspace_bytes, stream, opts);
+}
+Result fp8_ragged_m_gemm(const Fp8RaggedMGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                         const GemmOptions& opts) {
+  return call("fp8_ragged_m_gemm", args, allocate, stream, opts);
+}
+
 Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
+  return planned_workspace_size(args, bytes, opts);
+}
+
+Result workspace_size(const Fp8RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
   return planned_workspace_size(args, bytes, opts);
 }
 
@@ -411,7 +431,10 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
 std::vector<std::string> list_tile_configs(GemmFamily family) {
   std::vector<std::string> names;
   for (const auto& e : detail::kernel_registry()) {
-    if (detail::is_ragged_m(e.config.variant) != (family == GemmFamily::kRaggedM)) continue;
+    const GemmFamily of = e.config.variant == KernelVariant::Fp8RaggedM ? GemmFamily::kFp8RaggedM
+                          : detail::is_ragged_m(e.config.variant)     ? GemmFamily::kRaggedM
+                                                                      : GemmFamily::kRaggedK;
+    if (of != family) continue;
     bool seen = false;
     for (const auto& n : names) seen = seen || n == e.name;
     if (!seen) names.push_back(e.name);
@@ -432,6 +455,10 @@ Result chosen_tile_config(const RaggedMGemmArgs& args, std::string* name, const 
 }
 
 Result chosen_tile_config(const RaggedKGemmArgs& args, std::string* name, const GemmOptions& opts) {
+  return planned_config_name(args, name, opts);
+}
+
+Result chosen_tile_config(const Fp8RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts) {
   return planned_config_name(args, name, opts);
 }
 

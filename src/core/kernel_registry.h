@@ -48,6 +48,18 @@ struct GroupArrays {
   // Gathered A (ActFwdGather_*): per group, a pointer to its first row's index into x (a
   // then points at x itself).
   const int32_t** gather_rows = nullptr;
+  // FP8 operands: per group, where its block scales of A (its first row's) and B start.
+  const float** a_scales = nullptr;
+  const float** b_scales = nullptr;
+};
+
+// The strides of an FP8 GEMM's block scales within a group (gemm_problem.h, BlockScales),
+// the same for every group: A's (row, k-block), B's (n-block, k-block), in floats.
+struct BlockScaleStrides {
+  int64_t a_mn = 0;
+  int64_t a_k = 0;
+  int64_t b_mn = 0;
+  int64_t b_k = 0;
 };
 
 // What the host knows about the whole operands of a problem with TMA-loaded operands
@@ -100,6 +112,7 @@ struct LaunchContext {
   OutputMatrix d;               // the GEMM's output (D; act forward: pre)
   OutputMatrix aux;             // act forward: h; act backward: p * h
   OutputMatrix aux2;            // act backward, dpre in halves: the dlinear half
+  BlockScaleStrides scales;     // FP8 variants only
 };
 
 // Defined per arch (sm90/kernel_instance.cuh) and instantiated by the generated units.

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "arg_rules.h"
+#include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
 
 namespace cute_moe {
@@ -185,6 +186,36 @@ Result validate(const ActBackwardArgs& a) {
   if (a.out_bias != nullptr) {
     c.require(a.out_bias_stride >= a.gemm.k && a.out_bias_stride % 8 == 0,
               "out_bias_stride must be a multiple of 8 elements and >= k=", a.gemm.k, ", got ", a.out_bias_stride);
+  }
+  return c.result();
+}
+
+Result validate(const Fp8RaggedMGemmArgs& a) {
+  Checker c("fp8_ragged_m_gemm");
+  c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);
+  c.require(a.k > 0 && a.k % 16 == 0 && a.k <= kInt32Max,
+            "k must be a positive multiple of 16 (e4m3 rows of 16 bytes for TMA) below 2^31, got k=", a.k);
+  c.pointer("offs", a.offs).pointer("w", a.w).pointer("x", a.x, a.m > 0).pointer("y", a.y, a.m > 0);
+  c.require(a.x_scale != nullptr || a.m == 0, "x_scale must not be null").scalars("x_scale", a.x_scale);
+  c.require(a.w_scale != nullptr, "w_scale must not be null").scalars("w_scale", a.w_scale);
+  c.pointer("bias", a.bias, false).scalars("group_scale", a.group_scale).scalars("row_scale", a.row_scale);
+  c.require(a.ldx >= a.k && a.ldx % 16 == 0, "ldx must be a multiple of 16 elements (16 bytes) and >= k=", a.k,
+            ", got ldx=", a.ldx);
+  c.leading_dim("ldy", a.ldy, a.n, "n");
+  c.require(a.w_stride_n >= a.k && a.w_stride_n % 16 == 0,
+            "w_stride_n must be a multiple of 16 elements (16 bytes) and >= k=", a.k,
+            " (W k-contiguous: FP8 tensor cores read no other layout), got w_stride_n=", a.w_stride_n);
+  c.require(a.w_stride_group >= 0 && a.w_stride_group % 16 == 0,
+            "w_stride_group must be a non-negative multiple of 16 elements (16-byte aligned expert matrices), got ",
+            a.w_stride_group);
+  c.require(a.x_scale_stride_row >= 0 && a.x_scale_stride_block >= 0,
+            "x_scale's strides must be non-negative, got ", a.x_scale_stride_row, ", ", a.x_scale_stride_block);
+  c.require(a.w_scale_stride_group >= 0 && a.w_scale_stride_k >= 0 && a.w_scale_stride_n >= 0,
+            "w_scale's strides must be non-negative, got ", a.w_scale_stride_group, ", ", a.w_scale_stride_k, ", ",
+            a.w_scale_stride_n);
+  if (a.bias != nullptr) {
+    c.require(a.bias_stride_group >= 0 && a.bias_stride_group % 8 == 0,
+              "bias_stride_group must be a non-negative multiple of 8 elements, got ", a.bias_stride_group);
   }
   return c.result();
 }

@@ -1,10 +1,12 @@
-// PyTorch ops over the FP8 quantizers (cute_moe/fp8_quantize.h): schemas and CUDA kernels.
+// PyTorch ops over the FP8 quantizers (cute_moe/fp8_quantize.h) and the FP8 grouped GEMM
+// (cute_moe/fp8_gemm.h): schemas and CUDA kernels.
 // Fake kernels and the CPU kernels (the references) live in Python (cute_moe/ops/fp8.py).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fp8_quantize.h"
 #include "tensor_checks.h"
 
@@ -64,16 +66,79 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
   return {q, s, qt, st};
 }
 
+// A scale tensor of `dim` dimensions and the given block counts, fp32 on x's device; any
+// non-negative strides (the kernel loads scales one by one).
+void check_scales(const at::Tensor& s, const char* name, std::initializer_list<int64_t> shape, const at::Tensor& x) {
+  check_cuda_tensor(s, name, at::kFloat, static_cast<int64_t>(shape.size()), x);
+  TORCH_CHECK(s.sizes() == at::IntArrayRef(shape), "cute_moe: ", name, " must have shape ", at::IntArrayRef(shape),
+              " (one scale per 128-long block), got ", s.sizes());
+  for (int64_t st : s.strides()) TORCH_CHECK(st >= 0, "cute_moe: ", name, " must have non-negative strides, got ", s.strides());
+}
+
+// y = row_scale[r] * (deq(x) @ deq(w[e]) + bias[e]) in bf16: x (m, k) e4m3 by 1 x 128 blocks,
+// w (E, k, n) e4m3 k-contiguous (a transposed view of an (E, n, k) tensor) by 128 x 128.
+at::Tensor grouped_mm_fp8_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& w,
+                               const at::Tensor& w_scale, const at::Tensor& offs, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& row_scale) {
+  check_cuda_tensor(x, "x", at::kFloat8_e4m3fn, 2, x);
+  check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, x);
+  check_row_major(x, "x");
+  const int64_t m = x.size(0), k = x.size(1), e = w.size(0), n = w.size(2);
+  TORCH_CHECK(w.size(1) == k, "cute_moe: w must be (E, k, n) with k = x.size(1) = ", k, ", got w of shape ", w.sizes());
+  TORCH_CHECK(w.stride(1) == 1 || k <= 1,
+              "cute_moe: w (E, k, n) must be contiguous along k (a transposed view of an (E, n, k) tensor, such as "
+              "quantize_fp8_128x128's q_t.transpose(-2, -1)): FP8 tensor cores read k-major operands only; got "
+              "strides ", w.strides());
+  check_offs(offs, x, e);
+  check_scales(x_scale, "x_scale", {m, blocks(k)}, x);
+  check_scales(w_scale, "w_scale", {e, blocks(k), blocks(n)}, x);
+  check_bias(bias, w, x);
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({m, n}, x.options().dtype(at::kBFloat16));
+  Fp8RaggedMGemmArgs a;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.num_groups = static_cast<int32_t>(e);
+  a.offs = offs.data_ptr<int32_t>();
+  a.x = x.data_ptr();
+  a.ldx = row_stride(x);
+  a.x_scale = x_scale.data_ptr<float>();
+  a.x_scale_stride_row = x_scale.stride(0);
+  a.x_scale_stride_block = x_scale.stride(1);
+  a.w = w.data_ptr();
+  a.w_stride_group = e <= 1 ? 0 : w.stride(0);  // one expert: never stepped over
+  a.w_stride_n = n <= 1 ? k : w.stride(2);
+  a.w_scale = w_scale.data_ptr<float>();
+  a.w_scale_stride_group = w_scale.stride(0);
+  a.w_scale_stride_k = w_scale.stride(1);
+  a.w_scale_stride_n = w_scale.stride(2);
+  if (bias.has_value()) {
+    a.bias = bias->data_ptr();
+    a.bias_stride_group = e <= 1 ? 0 : bias->stride(0);
+  }
+  a.row_scale = optional_scales(row_scale, "row_scale", m, "M", x);
+  a.y = y.data_ptr();
+  a.ldy = row_stride(y);
+  if (a.m == 0) return y;
+  enqueue_planned(fp8_ragged_m_gemm, a, x);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128(Tensor x) -> (Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
+        "Tensor? row_scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("quantize_fp8_1x128", &quantize_fp8_1x128_cuda);
   m.impl("quantize_fp8_128x128", &quantize_fp8_128x128_cuda);
+  m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
 }
 
 }  // namespace cute_moe::torch_ops

@@ -1,7 +1,8 @@
-// Argument validation of the FP8 quantizers: each rule rejects with a message naming the
+// Argument validation of the FP8 quantizers and the FP8 grouped GEMM: each rule rejects with a message naming the
 // argument and its value; valid and empty arguments pass.
 #include <gtest/gtest.h>
 
+#include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fp8_quantize.h"
 #include "validate_test_util.h"
 
@@ -65,6 +66,68 @@ TEST(Fp8QuantizeValidate, RejectsBadShapesAndLayouts) {
   t = valid_tiles();
   t.scale_t = nullptr;
   expect_rejected(t, "scale_t must not be null");
+}
+
+// The GPT-OSS-20B up projection: x (m, 2880) by 1 x 128 blocks, W^T (32, 5760, 2880).
+cute_moe::Fp8RaggedMGemmArgs valid_gemm() {
+  cute_moe::Fp8RaggedMGemmArgs a;
+  a.m = 4096; a.n = 5760; a.k = 2880; a.num_groups = 32;
+  a.offs = fake<const int32_t>(0x1000);
+  a.x = fake(0x10000); a.ldx = a.k;
+  a.x_scale = fake<const float>(0x20000); a.x_scale_stride_row = 23; a.x_scale_stride_block = 1;
+  a.w = fake(0x30000); a.w_stride_n = a.k; a.w_stride_group = a.n * a.k;
+  a.w_scale = fake<const float>(0x40000);
+  a.w_scale_stride_group = 23 * 45; a.w_scale_stride_k = 1; a.w_scale_stride_n = 23;
+  a.y = fake(0x50000); a.ldy = a.n;
+  return a;
+}
+
+TEST(Fp8GemmValidate, ValidArgumentsPass) {
+  EXPECT_TRUE(cute_moe::validate(valid_gemm()).ok()) << cute_moe::validate(valid_gemm()).message;
+  cute_moe::Fp8RaggedMGemmArgs a = valid_gemm();
+  a.m = 0; a.x = nullptr; a.y = nullptr; a.x_scale = nullptr;  // no rows: nothing read or written
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a = valid_gemm();
+  a.x_scale_stride_row = 1; a.x_scale_stride_block = 4096;  // a transposed view of the scales
+  a.bias = fake(0x60000); a.bias_stride_group = a.n;
+  a.row_scale = fake<const float>(0x70004);  // fp32 vectors need 4-byte alignment only
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+}
+
+TEST(Fp8GemmValidate, RejectsBadShapesLayoutsAndScales) {
+  cute_moe::Fp8RaggedMGemmArgs a = valid_gemm();
+  a.k = 2888; a.ldx = a.w_stride_n = 2896;
+  expect_rejected(a, "k must be a positive multiple of 16 (e4m3 rows of 16 bytes for TMA) below 2^31, got k=2888");
+  a = valid_gemm();
+  a.ldx = 2888;
+  expect_rejected(a, "ldx must be a multiple of 16 elements (16 bytes) and >= k=2880, got ldx=2888");
+  a = valid_gemm();
+  a.w_stride_n = 1;  // an n-contiguous weight: FP8 tensor cores read k-major operands only
+  expect_rejected(a, "w_stride_n must be a multiple of 16 elements (16 bytes) and >= k=2880");
+  a = valid_gemm();
+  a.w_stride_group = 8;
+  expect_rejected(a, "w_stride_group must be a non-negative multiple of 16 elements");
+  a = valid_gemm();
+  a.n = 5764; a.ldy = 5768;
+  expect_rejected(a, "n must be a positive multiple of 8");
+  a = valid_gemm();
+  a.x_scale = nullptr;
+  expect_rejected(a, "x_scale must not be null");
+  a = valid_gemm();
+  a.w_scale = fake<const float>(0x40002);
+  expect_rejected(a, "w_scale must be 4-byte aligned");
+  a = valid_gemm();
+  a.x_scale_stride_row = -23;
+  expect_rejected(a, "x_scale's strides must be non-negative, got -23, 1");
+  a = valid_gemm();
+  a.w_scale_stride_n = -1;
+  expect_rejected(a, "w_scale's strides must be non-negative");
+  a = valid_gemm();
+  a.num_groups = 0;
+  expect_rejected(a, "num_groups must be in [1, 65536], got 0");
+  a = valid_gemm();
+  a.x = fake(0x10008);
+  expect_rejected(a, "x must be 16-byte aligned");
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
                  detail::KernelVariant::RaggedK_OutBF16, detail::KernelVariant::RaggedK_OutF32,
                  detail::KernelVariant::ActFwd_BRow, detail::KernelVariant::ActFwd_BCol,
                  detail::KernelVariant::ActFwdGather_BRow, detail::KernelVariant::ActBwd_BRow,
-                 detail::KernelVariant::ActBwd_BCol, detail::KernelVariant::ActBwdHalves_BRow}) {
+                 detail::KernelVariant::ActBwd_BCol, detail::KernelVariant::ActBwdHalves_BRow,
+                 detail::KernelVariant::Fp8RaggedM}) {
     std::vector<detail::Act> acts;
     const bool fused = std::string(detail::variant_call(v)).rfind("act_", 0) == 0;
     const bool gated_only = v == detail::KernelVariant::ActBwdHalves_BRow;  // halves of (gate, linear) pairs
@@ -54,8 +55,11 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
 TEST(Registry, ListsConfigsPerFamily) {
   auto m = list_tile_configs(GemmFamily::kRaggedM);
   auto k = list_tile_configs(GemmFamily::kRaggedK);
+  auto f = list_tile_configs(GemmFamily::kFp8RaggedM);
   EXPECT_FALSE(m.empty());
   EXPECT_FALSE(k.empty());
+  EXPECT_EQ(f, std::vector<std::string>{"128x128x128_2x1_coop"});  // FP8 tiles are not the bf16 family's
+  for (const auto& name : m) EXPECT_NE(name, "128x128x128_2x1_coop");
   EXPECT_EQ(std::set<std::string>(m.begin(), m.end()).size(), m.size());
 }
 

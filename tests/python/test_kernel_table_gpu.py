@@ -29,7 +29,7 @@ ALPHA = 1.702
 
 CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
          "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol",
-         "act_backward_halves")
+         "act_backward_halves", "fp8_ragged_m")
 
 
 def _row_id(row: str) -> str:
@@ -96,6 +96,16 @@ def _run(call, act, g, offs):
                                                           limit, "halves")
         _check("pre", pre, want_pre)
         _check("h", h, want_h)
+    elif call == "fp8_ragged_m":  # e4m3 operands by blocks, against the same quantized inputs
+        from cute_moe import fp8
+        from cute_moe.ops.fp8 import reference_grouped_mm_fp8
+        xq, xs = fp8.quantize_1x128(_randn(g, M + PAD, K))
+        _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, E, K, N, s=2.0 * K ** -0.5), False, True)
+        wq, ws = wq_t.transpose(-2, -1), ws_t.transpose(-2, -1)  # (E, K, N), k-contiguous
+        bias = _randn(g, E, N, s=0.5)
+        prob = torch.rand(M + PAD, device="cuda", generator=g)
+        _check("y", ops.grouped_mm_fp8(xq, xs, wq, ws, offs, bias, prob),
+               reference_grouped_mm_fp8(xq, xs, wq, ws, offs, bias, prob, out_dtype=F32))
     else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
         gated = act in ref.GATED_ACTIVATIONS
         inter = N // 2 if gated else N

@@ -1,4 +1,5 @@
-"""The FP8 quantizer ops (docs/fp8.md): quantize_fp8_1x128 and quantize_fp8_128x128."""
+"""The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128 and quantize_fp8_128x128,
+and the ragged-M grouped GEMM grouped_mm_fp8."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
 # and their fake and CPU kernels (the references of cute_moe.reference.fp8), registered on
 # import when the op library is loaded.
@@ -7,13 +8,16 @@ from __future__ import annotations
 import torch
 
 from .. import _library
-from ..reference.fp8 import FP8_DTYPE, quantize_1x128, quantize_128x128
-from .checks import fail
+from ..reference.fp8 import FP8_DTYPE, grouped_mm_fp8_ref, quantize_1x128, quantize_128x128
+from ..reference.groups import zero_padding
+from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
+                     unit_columns)
 from .registry import register_kernels
 
-__all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128"]
+__all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128",
+           "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8"]
 
-OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128")
+OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "grouped_mm_fp8")
 
 
 def _bf16(op: str, name: str, t, ndim: int, dims16: int) -> None:
@@ -78,9 +82,108 @@ def reference_128x128(w, as_is: bool, transposed: bool):
             s.transpose(-2, -1).contiguous() if transposed else none32)
 
 
+# --- grouped_mm_fp8: the ragged-M FP8 GEMM --------------------------------------------
+
+MAX_GROUPS = 65536  # the core's kMaxGroups
+
+
+def _non_negative_strides(op: str, name: str, t: torch.Tensor) -> None:
+    if any(s < 0 for s in t.stride()):
+        fail(op, name, "non-negative strides", f"strides {t.stride()}")
+
+
+def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale=None,
+                              op: str = "grouped_mm_fp8") -> None:
+    """The rules of cute_moe::grouped_mm_fp8 (shapes, dtypes, strides, devices):
+    x (m, k) e4m3, unit stride along k, k a positive multiple of 16, row stride a multiple
+    of 16 elements (16-byte rows) and >= k; x_scale (m, ceil(k / 128)) float32;
+    w (E, k, n) e4m3 k-contiguous (w.stride(1) == 1: the transposed view of an (E, n, k)
+    tensor), n a positive multiple of 8, w.stride(2) (its row pitch) a multiple of 16 and
+    >= k, w.stride(0) a multiple of 16, 1 <= E <= 65536; w_scale (E, ceil(k / 128),
+    ceil(n / 128)) float32; offs (E,) int32; bias (E, n) bfloat16 with unit stride along n
+    and a row stride that is a multiple of 8; row_scale (m,) float32 contiguous; scales with
+    any non-negative strides; one device. A stride along a dimension of size 1 (one row of
+    x, one group of w and bias) is free."""
+    check_tensor(op, "x", x, 2, FP8_DTYPE)
+    check_tensor(op, "w", w, 3, FP8_DTYPE)
+    m, k = x.shape
+    num_groups, wk, n = w.shape
+    if not 1 <= num_groups <= MAX_GROUPS:
+        fail(op, "w", f"1 to {MAX_GROUPS} groups along its first dimension (E)",
+             f"shape {tuple(w.shape)}")
+    if wk != k:
+        fail(op, "x", f"{wk} columns (w.shape[1], k)", f"shape {tuple(x.shape)}")
+    if k <= 0 or k % 16:
+        fail(op, "x", "k = x.shape[1] a positive multiple of 16 (16-byte e4m3 rows)",
+             f"shape {tuple(x.shape)}")
+    if n <= 0 or n % 8:
+        fail(op, "w", "n = w.shape[2] a positive multiple of 8 (16-byte bfloat16 output rows)",
+             f"shape {tuple(w.shape)}")
+    if not unit_columns(x):
+        fail(op, "x", "unit stride along k (call .contiguous())", f"strides {x.stride()}")
+    if m > 1 and (x.stride(0) % 16 or x.stride(0) < k):
+        fail(op, "x", f"a row stride that is a multiple of 16 elements and >= k = {k}",
+             f"strides {x.stride()}")
+    if w.stride(1) != 1:
+        fail(op, "w", "w.stride(1) == 1, k-contiguous (FP8 tensor cores read both operands "
+             "k-major): a transposed view such as q_t.transpose(-2, -1) of an (E, n, k) "
+             "tensor", f"strides {w.stride()}")
+    if w.stride(2) % 16 or w.stride(2) < k:
+        fail(op, "w", f"w.stride(2) (its row pitch) a multiple of 16 elements and >= k = {k}",
+             f"strides {w.stride()}")
+    if num_groups > 1 and (w.stride(0) < 0 or w.stride(0) % 16):
+        fail(op, "w", "w.stride(0) a non-negative multiple of 16 elements (16-byte aligned "
+             "expert matrices)", f"strides {w.stride()}")
+    check_offs_length(op, offs, num_groups, "w.shape[0], the number of groups")
+    kb, nb = _blocks(k), _blocks(n)
+    check_tensor(op, "x_scale", x_scale, 2, torch.float32)
+    if tuple(x_scale.shape) != (m, kb):
+        fail(op, "x_scale", f"shape {(m, kb)} (m, ceil(k / 128)): one per row and 128 columns "
+             "of x", f"shape {tuple(x_scale.shape)}")
+    _non_negative_strides(op, "x_scale", x_scale)
+    check_tensor(op, "w_scale", w_scale, 3, torch.float32)
+    if tuple(w_scale.shape) != (num_groups, kb, nb):
+        fail(op, "w_scale", f"shape {(num_groups, kb, nb)} (E, ceil(k / 128), ceil(n / 128)): "
+             "one per 128 x 128 block of w", f"shape {tuple(w_scale.shape)}")
+    _non_negative_strides(op, "w_scale", w_scale)
+    if bias is not None:
+        check_tensor(op, "bias", bias, 2, torch.bfloat16)
+        if tuple(bias.shape) != (num_groups, n):
+            fail(op, "bias", f"shape {(num_groups, n)} (E, n)", f"shape {tuple(bias.shape)}")
+        if not unit_columns(bias):
+            fail(op, "bias", "unit stride along n (call .contiguous())", f"strides {bias.stride()}")
+        if num_groups > 1 and bias.stride(0) % 8:
+            fail(op, "bias", "a row stride that is a multiple of 8 elements (16-byte rows)",
+                 f"strides {bias.stride()}")
+    check_scales(op, "row_scale", row_scale, m, "one per row of x", "x", x)
+    if row_scale is not None and m > 1 and row_scale.stride(0) != 1:
+        fail(op, "row_scale", "a contiguous tensor (call .contiguous())",
+             f"strides {row_scale.stride()}")
+    check_same_device(op, "x", x, x_scale=x_scale, w=w, w_scale=w_scale, offs=offs, bias=bias)
+
+
+def reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias=None, row_scale=None,
+                             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The op's output from the reference (its CPU kernel, and cute_moe.fp8's fallback):
+    y[r] = row_scale[r] * (deq(x)[r] @ deq(w)[e] + bias[e]) for the rows r of group e, in
+    fp32, rounded once to out_dtype (the op's bfloat16; float32 for the value before the
+    rounding); rows at or past offs[-1] zero."""
+    check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias, row_scale)
+    y = grouped_mm_fp8_ref(x, x_scale, w, w_scale, offs, bias, out_dtype=torch.float32)
+    if row_scale is not None:
+        y = zero_padding(y * row_scale.float()[:, None], offs)  # padding rows' scales unread
+    return y.to(out_dtype)
+
+
+def _fake_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale):
+    check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias, row_scale)
+    return x.new_empty((x.shape[0], w.shape[2]), dtype=torch.bfloat16)
+
+
 def _register() -> None:
     register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
+    register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
 
 
 if _library.library_loaded():

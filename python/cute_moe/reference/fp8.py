@@ -49,16 +49,17 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() != 2:
         raise ValueError(f"quantize_1x128: expected a 2-D (rows, k) tensor, got shape {tuple(x.shape)}")
     rows, k = x.shape
-    xp = _pad_cols(x.float()).view(rows, -1, BLOCK)
+    xp = _pad_cols(x.float()).view(rows, _blocks(k), BLOCK)
     scale = _scale(xp.abs().amax(dim=-1))
-    q = _cast(xp, scale[..., None]).view(rows, -1)[:, :k]
+    q = _cast(xp, scale[..., None]).view(rows, _blocks(k) * BLOCK)[:, :k]
     return q.contiguous(), scale
 
 
 def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 values of quantize_1x128's output."""
     rows, k = q.shape
-    return (_pad_cols(q.float()).view(rows, -1, BLOCK) * scale[..., None]).view(rows, -1)[:, :k]
+    blocks = _pad_cols(q.float()).view(rows, _blocks(k), BLOCK) * scale[..., None]
+    return blocks.view(rows, _blocks(k) * BLOCK)[:, :k]
 
 
 def quantize_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

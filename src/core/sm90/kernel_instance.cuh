@@ -116,6 +116,35 @@ struct FixedTmaMainloopOf {
   }
 };
 
+// The operand element type, the collective builder's layout arguments and the kernel
+// schedule a mainloop policy implies: bf16 operands, unless the policy names a ScaleConfig
+// (CUTLASS's blockwise scale layouts): then FP8 operands whose partial sums are promoted
+// with their block scales once per k-block (fp8_variants.cuh).
+template <class Mainloop, class = void>
+struct OperandsOf {
+  using ElementAB = cutlass::bfloat16_t;
+  template <class Layout>
+  using LayoutTagA = Layout*;
+  template <class Layout>
+  using LayoutTagB = Layout*;
+  template <bool kCooperative>
+  using Schedule = std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+};
+template <class Mainloop>
+struct OperandsOf<Mainloop, std::void_t<typename Mainloop::ScaleConfig>> {
+  using ElementAB = typename Mainloop::ElementAB;
+  using ScaleConfig = typename Mainloop::ScaleConfig;
+  template <class Layout>
+  using LayoutTagA = cute::tuple<Layout*, decltype(ScaleConfig::deduce_layoutSFA())*>;
+  template <class Layout>
+  using LayoutTagB = cute::tuple<Layout*, decltype(ScaleConfig::deduce_layoutSFB())*>;
+  template <bool kCooperative>
+  using Schedule =
+      std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise>;
+};
+
 // --- Variants: operand layouts, output type, epilogue, mainloop and tile scheduler of
 // each variant (kDynamicSchedule: dynamic_group_scheduler.cuh, else CUTLASS's static one).
 template <class LayoutA_, class LayoutB_, class ElementD_, class Epilogue_, class Mainloop_ = BuiltMainloop,
@@ -140,7 +169,8 @@ struct VariantTraits;
 template <KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 struct GroupedGemmTypes {
   using Traits = VariantTraits<V, A>;
-  using ElementAB = cutlass::bfloat16_t;
+  using Operands = OperandsOf<typename Traits::Mainloop>;
+  using ElementAB = typename Operands::ElementAB;
   using ElementD = typename Traits::ElementD;
   using ElementC = typename Traits::Epilogue::ElementC;
   using ElementAccumulator = float;
@@ -152,8 +182,7 @@ struct GroupedGemmTypes {
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
   static constexpr bool kCooperative = S == Schedule::Cooperative;
-  using MainloopSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using MainloopSchedule = typename Operands::template Schedule<kCooperative>;
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   using ProblemShape = std::conditional_t<Traits::kDynamicSchedule, DynamicGroupProblemShape<cute::Shape<int, int, int>>,
@@ -170,8 +199,9 @@ struct GroupedGemmTypes {
       CollectiveElementD, LayoutD*, kAlignD, EpilogueTree, EpiPolicy>::CollectiveOp;
 
   using BuiltCollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Traits::LayoutA*, kAlignAB,
-      ElementAB, typename Traits::LayoutB*, kAlignAB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
+      typename Operands::template LayoutTagA<typename Traits::LayoutA>, kAlignAB, ElementAB,
+      typename Operands::template LayoutTagB<typename Traits::LayoutB>, kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
