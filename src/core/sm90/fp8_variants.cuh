@@ -2,13 +2,18 @@
 // the plain ragged-M epilogue (bias, group and row scales, bf16 out). Only its translation
 // units include this.
 //
-// Mainloop: CUTLASS's ptr-array blockwise-scaled collective (per-group TMA descriptors,
-// rewritten when the group changes; the scales loaded by a second producer warp with
-// cp.async, one element per thread, predicated by the group's extents; the partial sums of
-// every 128-long k-block promoted into the fp32 accumulator times scale_a[row] *
-// scale_b[n-block]). It reads each group's scales as compact column-major blocks; here its
-// scale tensors take the caller's strides instead (BlockScaleStrides), so the quantizers'
-// row-major outputs, and their transposed views, are read in place.
+// Mainloop: CUTLASS's ptr-array blockwise-scaled collective (the scales loaded by a second
+// producer warp with cp.async, one element per thread, predicated by the group's extents;
+// the partial sums of every 128-long k-block promoted into the fp32 accumulator times
+// scale_a[row] * scale_b[n-block]; its consumer and pipeline are kept), with two changes:
+// * A and B through two descriptors made once over the whole x and the whole weight stack,
+//   a group being a coordinate offset, instead of per-group descriptors rewritten whenever a
+//   CTA's next tile belongs to another group (as the bf16 kernels' FixedTmaMainloop does for
+//   2-byte operands, fixed_tma_mainloop.cuh; this is its ragged-M path for 1-byte ones);
+// * the scale tensors with the caller's strides (BlockScaleStrides): the collective reads a
+//   group's scales as compact column-major blocks, which would need a per-group layout from
+//   the quantizers; the row-major outputs of quantize_fp8_1x128 / _128x128, and their
+//   transposed views, are read in place.
 #pragma once
 
 #include <cutlass/detail/blockwise_scale_layout.hpp>
@@ -20,22 +25,70 @@
 namespace cute_moe::detail {
 
 template <class Base>
-struct StridedScalesMainloop : Base {
+struct Fp8WholeOperandsMainloop : Base {
+  using typename Base::GmemTiledCopyA;
+  using typename Base::GmemTiledCopyB;
+  using typename Base::InternalElementA;
+  using typename Base::InternalElementB;
+  using typename Base::MainloopPipeline;
+  using typename Base::PipelineState;
+  using typename Base::SmemLayoutA;
+  using typename Base::SmemLayoutB;
+  using typename Base::TensorMapStorage;
+  using typename Base::TensorStorage;
   using typename Base::TileShape;
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
   static constexpr int kGranularityM = Base::ScaleGranularityM;
   static constexpr int kGranularityN = Base::ScaleGranularityN;
   static constexpr int kGranularityK = Base::ScaleGranularityK;
 
+  // Both operands k-contiguous: (mn, k, batch) with strides (ld, 1, batch stride).
+  using WholeStride = cute::Stride<int64_t, cute::_1, int64_t>;
+  template <class Element, class Copy, class SmemLayout, class Tile, class Multicast>
+  static auto whole_tma(Element const* ptr, int32_t mn, int32_t k, int32_t batches, int64_t ld, int64_t batch_stride,
+                        Copy copy, SmemLayout const& smem, Tile tile, Multicast multicast) {
+    using namespace cute;
+    return make_tma_copy(copy, make_tensor(ptr, make_layout(make_shape(mn, k, batches), WholeStride{ld, _1{}, batch_stride})),
+                         smem, tile, multicast);
+  }
+  static auto tma_a(InternalElementA const* ptr, int32_t rows, int32_t k, int64_t ld) {
+    using namespace cute;
+    return whole_tma(ptr, rows, k, 1, ld, 0, GmemTiledCopyA{}, SmemLayoutA{}(_, _, Int<0>{}),
+                     make_shape(shape<0>(TileShape{}), shape<2>(TileShape{})), size<1>(ClusterShape{}));
+  }
+  static auto tma_b(InternalElementB const* ptr, int32_t n, int32_t k, int32_t groups, int64_t ld, int64_t batch) {
+    using namespace cute;
+    return whole_tma(ptr, n, k, groups, ld, batch, GmemTiledCopyB{}, SmemLayoutB{}(_, _, Int<0>{}),
+                     make_shape(shape<1>(TileShape{}), shape<2>(TileShape{})), size<0>(ClusterShape{}));
+  }
+  using TmaA = decltype(tma_a(nullptr, 1, 1, 1));
+  using TmaB = decltype(tma_b(nullptr, 1, 1, 1, 1, 1));
+
   struct Arguments : Base::Arguments {
+    WholeOperands whole;
     BlockScaleStrides strides;
   };
   struct Params : Base::Params {
+    TmaA tma_a_all;
+    TmaB tma_b_all;
+    const int32_t* offs = nullptr;
+    int32_t a_rows = 1, n = 1, k = 1, groups = 1;
     BlockScaleStrides strides;
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
-    return {Base::to_underlying_arguments(shapes, args, workspace), args.strides};
+    const WholeOperands& w = args.whole;
+    // A descriptor needs extents >= 1; a problem without rows or groups launches no tile.
+    auto at_least_1 = [](int64_t v) { return int32_t(v < 1 ? 1 : v); };
+    Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}, w.offs, 1, 1, 1, 1, args.strides};
+    p.a_rows = at_least_1(w.a_rows);
+    p.n = at_least_1(w.n);
+    p.k = at_least_1(w.k);
+    p.groups = at_least_1(w.groups);
+    p.tma_a_all = tma_a(static_cast<InternalElementA const*>(w.a), p.a_rows, p.k, w.lda);
+    p.tma_b_all = tma_b(static_cast<InternalElementB const*>(w.b), p.n, p.k, p.groups, w.ldb, w.b_batch);
+    return p;
   }
 
   // ((G, blocks along mn), (128, blocks along k), 1): the collective's shape of a scale
@@ -48,26 +101,92 @@ struct StridedScalesMainloop : Base {
                        make_stride(make_stride(_0{}, mn_stride), make_stride(_0{}, k_stride), _0{}));
   }
 
-  // The collective's A and B tensors, and the group's scale tensors with the caller's
-  // strides (the kernel calls it with the shapes alone; tensors_perform_update then with
-  // the group's scale pointers before the group's first load).
+  // The group's tiles: (BLK_M, BLK_K, m, k, l) of x from the group's first row,
+  // (BLK_N, BLK_K, n, k, l) of its weight (l offset to the group), both in the whole
+  // descriptors' coordinates; and its scale tensors with the caller's strides. The kernel
+  // reads only the k extent and the (unused) m, n shapes from the first call's; before a
+  // group's first load tensors_perform_update makes them again for that group.
   template <class ProblemShape_MNKL>
   CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& shape, Params const& params,
                                 typename Base::ElementBlockScale const* sfa = nullptr,
-                                typename Base::ElementBlockScale const* sfb = nullptr) const {
+                                typename Base::ElementBlockScale const* sfb = nullptr, int32_t row_begin = 0,
+                                int32_t group = 0) const {
     using namespace cute;
-    auto base = Base::load_init(shape, params, sfa, sfb);
+    using X = Underscore;
     auto [M, N, K, L] = shape;
+    Tensor mA = params.tma_a_all.get_tma_tensor(make_shape(params.a_rows, params.k, 1));
+    Tensor mB = params.tma_b_all.get_tma_tensor(make_shape(params.n, params.k, params.groups));
+    Tensor gA = local_tile(domain_offset(make_coord(row_begin, 0, 0), mA), TileShape{}, make_coord(_, _, _),
+                           Step<_1, X, _1>{});  // (BLK_M, BLK_K, m, k, l)
+    Tensor gB = local_tile(domain_offset(make_coord(0, 0, group), mB), TileShape{}, make_coord(_, _, _),
+                           Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
     const BlockScaleStrides& s = params.strides;
     Tensor mSFA = make_tensor(make_gmem_ptr(sfa), scale_layout<kGranularityM>(M, K, s.a_mn, s.a_k));
     Tensor mSFB = make_tensor(make_gmem_ptr(sfb), scale_layout<kGranularityN>(N, K, s.b_mn, s.b_k));
-    return make_tuple(get<0>(base), get<1>(base), mSFA, mSFB);
+    return make_tuple(gA, gB, mSFA, mSFB);
   }
 
   template <class InputTensors, class ProblemShape_MNKL>
   CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const&, Params const& params,
                                                      ProblemShape_MNKL shape, int32_t group) {
-    return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group]);
+    const int32_t row_begin = group == 0 ? 0 : __ldg(params.offs + group - 1);
+    return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group], row_begin, group);
+  }
+
+  // No descriptors to rewrite.
+  CUTLASS_DEVICE auto tensormaps_init(Params const&, TensorMapStorage&, int32_t, int32_t) {
+    return cute::make_tuple(nullptr, nullptr);
+  }
+  template <class TensorMaps, class ProblemShape_MNKL>
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage&, Params const&, TensorMaps const&, ProblemShape_MNKL,
+                                                int32_t) {}
+  template <class TensorMaps>
+  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage&, TensorMaps const&) {}
+  template <class TensorMaps>
+  CUTLASS_DEVICE void tensormaps_fence_acquire(TensorMaps const&) {}
+
+  // The A and B loads through the whole descriptors (the scales are the collective's own
+  // load_auxiliary, on the same pipeline stages).
+  template <class LoadInputs, class TensorMaps, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState write,
+                           LoadInputs const& load_inputs, TensorMaps const&, BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count, int /*thread_idx*/,
+                           uint32_t block_rank_in_cluster, TensorStorage& storage) {
+    using namespace cute;
+    if (!cute::elect_one_sync()) return;
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
+    constexpr uint32_t cluster_m = size<0>(ClusterShape{});
+    const uint32_t block_m = block_rank_in_cluster % cluster_m;
+    const uint32_t block_n = block_rank_in_cluster / cluster_m;
+    Tensor gA = get<0>(load_inputs)(_, _, get<0>(blk_coord), _, 0);  // (BLK_M, BLK_K, k)
+    Tensor gB = get<1>(load_inputs)(_, _, get<1>(blk_coord), _, 0);  // (BLK_N, BLK_K, k)
+    auto block_tma_a = params.tma_a_all.get_slice(block_n);
+    auto block_tma_b = params.tma_b_all.get_slice(block_m);
+    Tensor tAgA = block_tma_a.partition_S(gA);
+    Tensor tAsA = block_tma_a.partition_D(sA);
+    Tensor tBgB = block_tma_b.partition_S(gB);
+    Tensor tBsB = block_tma_b.partition_D(sB);
+
+    uint16_t mcast_a = 0, mcast_b = 0;
+    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
+    if constexpr (cute::is_same_v<GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
+      for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(block_m, n, Int<0>{});
+    }
+    if constexpr (cute::is_same_v<GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, block_n, Int<0>{});
+    }
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(write);
+      auto* barrier = pipeline.producer_get_barrier(write);
+      const int stage = write.index();
+      copy(params.tma_a_all.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+      copy(params.tma_b_all.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
+      ++k_tile_iter;
+      ++write;
+    }
   }
 };
 
@@ -76,12 +195,13 @@ struct Fp8BlockScaledMainloopOf {
   using ElementAB = cutlass::float_e4m3_t;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
   template <class Built>
-  using type = StridedScalesMainloop<Built>;
+  using type = Fp8WholeOperandsMainloop<Built>;
   template <class Args>
   static void set_arguments(Args& args, const GroupArrays& g, const LaunchContext& ctx) {
     args.ptr_SFA = g.a_scales;
     args.ptr_SFB = g.b_scales;
     args.strides = ctx.scales;
+    args.whole = ctx.whole;
   }
 };
 
