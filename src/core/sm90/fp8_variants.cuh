@@ -133,6 +133,108 @@ struct Fp8WholeOperandsMainloop : Base {
     return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group], row_begin, group);
   }
 
+  // The consumer: the collective's own waits for each k-block's WGMMAs before promoting
+  // them, and both warpgroups of the cooperative tile promote at once, so the tensor cores
+  // idle through every promotion. Here k-block t + 1 is issued into a second temporary
+  // accumulator before k-block t is promoted (warpgroup_wait<1>): the promotion overlaps
+  // the next block's WGMMAs. The smem stages are released as the collective does (each
+  // after its promotion, the last by mma_tail).
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tile_count,
+                          int thread_idx, TensorStorage& storage, Params const&) {
+    using namespace cute;
+    using TiledMma = typename Base::TiledMma;
+    using SmemLayoutSFA = typename Base::SmemLayoutSFA;
+    using SmemLayoutSFB = typename Base::SmemLayoutSFB;
+    using Scale = typename Base::ElementBlockScale;
+    static_assert(Base::ScaleMsPerTile > 1 && Base::ScaleNsPerTile == 1,
+                  "one scale per row of A and one per tile of B (1 x 128 and 128 x 128 blocks)");
+    static_assert(kGranularityK == size<2>(TileShape{}), "one scale block per k-tile: a promotion per k-tile");
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
+    // the scales as (BLK_M, BLK_N, (BLK_K, PIPE)) views, broadcast along the other mode
+    Tensor sSFA = make_tensor(make_smem_ptr(storage.smem_SFA.data()),
+                              make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
+                                                     make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+                                          make_stride(stride<0>(SmemLayoutSFA{}), _0{},
+                                                      make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
+    Tensor sSFB = make_tensor(make_smem_ptr(storage.smem_SFB.data()),
+                              make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                                                     make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                          make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                                                      make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
+    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    const int warp_group = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
+    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
+    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+
+    Tensor tmp0 = make_fragment_like(accum);
+    Tensor tmp1 = make_fragment_like(accum);
+    Tensor sfa0 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));  // (MMA, MMA_M, MMA_N), one per row
+    Tensor sfa1 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));
+    Tensor sfb = make_tensor_like<Scale>(tCsSFB(_, _, _, _0{}));
+    clear(accum);
+
+    PipelineState release = read;
+    // k-tile `read` into `tmp` (its scales, row scale times the tile's B scale, into `sfa`)
+    auto issue = [&](auto& tmp, auto& sfa) {
+      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+      const int stage = read.index();
+      copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
+      copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), sfb);
+      const Scale scale_b = sfb(_0{});
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      warpgroup_fence_operand(tmp);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), tmp);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(tmp);
+      ++read;
+    };
+    // the oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
+    // flight): its stage released unless it is the last (mma_tail's), then promoted
+    auto retire = [&](auto& tmp, auto& sfa, auto pending, bool last) {
+      warpgroup_wait<decltype(pending)::value>();
+      warpgroup_fence_operand(tmp);
+      if (!last) {
+        pipeline.consumer_release(release);
+        ++release;
+      }
+      warpgroup_fence_operand(accum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
+      warpgroup_fence_operand(accum);
+    };
+    if (k_tile_count <= 0) return;
+    issue(tmp0, sfa0);
+    int left = k_tile_count - 1;  // k-tiles not yet issued
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; left >= 2; left -= 2) {
+      issue(tmp1, sfa1);
+      retire(tmp0, sfa0, Int<1>{}, false);
+      issue(tmp0, sfa0);
+      retire(tmp1, sfa1, Int<1>{}, false);
+    }
+    if (left == 1) {
+      issue(tmp1, sfa1);
+      retire(tmp0, sfa0, Int<1>{}, false);
+      retire(tmp1, sfa1, Int<0>{}, true);
+    } else {
+      retire(tmp0, sfa0, Int<0>{}, true);
+    }
+  }
+
   // No descriptors to rewrite.
   CUTLASS_DEVICE auto tensormaps_init(Params const&, TensorMapStorage&, int32_t, int32_t) {
     return cute::make_tuple(nullptr, nullptr);
