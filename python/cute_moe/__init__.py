@@ -10,7 +10,7 @@ from .swiglu import grouped_mm_downproj, grouped_mm_swiglu
 from .functional import grouped_mm
 from .gathered import grouped_mm_act_gathered
 from . import permute  # the module: permute.permute / permute.unpermute
-from . import fp8  # the module: fp8.quantize_1x128 / fp8.quantize_128x128 / fp8.grouped_mm
+from . import fp8  # the module: fp8.quantize_1x128 / fp8.quantize_128x128 / fp8.grouped_mm / fp8.expert_ffn
 from . import nn  # noqa: E402  (cute_moe.nn.MoE, GroupedExperts: built on the above)
 from .reference import permute as reference_permute  # listed in __all__: reference/permute.py
 

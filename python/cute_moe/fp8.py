@@ -1,7 +1,8 @@
 """The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
-cute_moe.reference.fp8) and the ragged-M grouped GEMM on their outputs. On the CPU or without
-the op library, the references run instead."""
+cute_moe.reference.fp8) and the ragged-M grouped GEMM on their outputs; and expert_ffn, the
+expert block with its four ragged-M GEMMs in FP8, built from them (fp8_ffn.py; interim and
+unfused). On the CPU or without the op library, the references run instead."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,7 @@ from .ops.fp8 import (check_grouped_mm_fp8_args, check_quantize_128x128_args,
                       check_quantize_1x128_args, reference_128x128, reference_grouped_mm_fp8)
 from .reference import fp8 as _ref
 
-__all__ = ["quantize_1x128", "quantize_128x128", "grouped_mm"]
+__all__ = ["quantize_1x128", "quantize_128x128", "grouped_mm", "expert_ffn"]
 
 
 def _op(x: torch.Tensor) -> bool:
@@ -67,3 +68,7 @@ def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale:
     if _op(x):
         return torch.ops.cute_moe.grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
     return reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
+
+
+# last: fp8_ffn builds on the functions above
+from .fp8_ffn import expert_ffn  # noqa: E402

@@ -1,0 +1,192 @@
+# cute_moe.fp8.expert_ffn on the CPU (the quantizers' and the FP8 GEMM's references, the bf16
+# ops' CPU kernels): every activation, with and without biases and router probabilities, on
+# small ragged blocks with an empty expert and padding rows. The output and every gradient
+# against (a) the float64 reference of the FP8 path (fp8_ffn_cases.fp8_ffn_ref: the same
+# quantizations and bf16 roundings), tightly, and (b) the unquantized block of
+# cute_moe.reference, loosely; (c) the layouts it leaves to cute_moe.expert_ffn; (d) padding
+# rows; the gradients of any subset of the inputs; limit="default".
+import pytest
+import torch
+
+import cute_moe
+
+from expert_ffn_cases import run_ref
+from fp8_ffn_cases import (ACTIVATIONS, BF16, bf16_grads, check_loose, check_matched, errors,
+                           fp8_ffn_ref, fp8_grads, make_leaves, run_fp8)
+
+# (counts per expert, H, I, padding rows): H and I multiples of 16, not all of 128, so that
+# 1x128 and 128x128 blocks are short at the edges; an empty expert first, in the middle, none
+SHAPES = [([37, 0, 50], 144, 80, 5), ([0, 61, 19], 128, 176, 3), ([23, 41, 9], 160, 144, 0)]
+
+# (a): at least 95% of the elements of every output agree with the float64 reference to fp32
+# level (bit for bit after the output's bf16 rounding; 90% of dprob's rows), and the relative
+# Frobenius error is at most 5e-3. Why not 1e-5 over the whole: the FP8 path rounds pre, h, z,
+# g, dh and dpre to bf16 from fp32 arithmetic, the reference from float64; about 1e-4 of those
+# roundings fall on the other side, and where a quantizer reads such an element it can move by
+# an e4m3 step (2^-4 of itself), which shows in the rows and columns computed from it. Seen over
+# this grid: at least 98.9% of the elements of each output exact (95.9% of dprob's rows: each
+# sums H roundings of z), relative Frobenius errors up to 2.1e-3 (out of [0, 61, 19] geglu).
+# A missing or different quantization gives 2e-2 and more (test_every_quantization_shows); a
+# missing or extra bf16 rounding breaks the exact share.
+MIN_EXACT, MATCHED_TOL = 0.95, 5e-3
+# (b): against the unquantized block, the e4m3 roundings of up to three chained GEMM operands:
+# 5-7% on this data (0.072 at most over the grid); bound 0.1.
+BF16_TOL = 0.1
+
+
+def _dy(leaves, seed=2):
+    return torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
+
+
+@pytest.mark.parametrize("prob", [False, True], ids=["", "prob"])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_matches_quantized_reference(shape, activation, bias, prob):
+    counts, hidden, inter, pad = SHAPES[shape]
+    # w_std 3: pre-activations of about 3, across swiglu_oai's clamps at +-7 and every kink
+    leaves, offs = make_leaves(counts, hidden, inter, activation, bias=bias, prob=prob, pad=pad,
+                               seed=hidden + inter, w_std=3.0)
+    dy = _dy(leaves)
+    out, grads = fp8_grads(leaves, offs, activation, dy)
+    assert out.dtype == BF16 and out.shape == leaves["x"].shape
+    assert all(grads[k].dtype == leaves[k].dtype and grads[k].shape == leaves[k].shape
+               for k in grads)
+    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy)
+    check_matched(out, grads, want_out, want, MATCHED_TOL, MIN_EXACT,
+                  f"{activation} {counts} H={hidden} I={inter}")
+
+
+@pytest.mark.parametrize("unquantized", ["x", "w_up", "w_down", "h", "g", "dpre"])
+def test_every_quantization_shows(unquantized):
+    """The tight check tells each quantization apart: against a reference without it, some
+    output is off by well over MATCHED_TOL."""
+    counts, hidden, inter, pad = SHAPES[0]
+    leaves, offs = make_leaves(counts, hidden, inter, "swiglu_oai", bias=True, prob=True, pad=pad,
+                               seed=1)
+    dy = _dy(leaves)
+    out, grads = fp8_grads(leaves, offs, "swiglu_oai", dy)
+    check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy), MATCHED_TOL,
+                  MIN_EXACT, "control")
+    want_out, want = fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, unquantized=(unquantized,))
+    assert max(errors(out, grads, want_out, want).values()) > 3 * MATCHED_TOL
+    with pytest.raises(AssertionError):
+        check_matched(out, grads, want_out, want, MATCHED_TOL, MIN_EXACT, unquantized)
+
+
+@pytest.mark.parametrize("prob", [False, True], ids=["", "prob"])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_close_to_unquantized_block(activation, bias, prob):
+    counts, hidden, inter, pad = SHAPES[2]
+    # w_std 2: at 3, quantizing pre moves many values across swiglu_oai's clamps, whose
+    # gradient jumps there (dx 0.11 from the unquantized block)
+    leaves, offs = make_leaves(counts, hidden, inter, activation, bias=bias, prob=prob, pad=pad,
+                               seed=7, w_std=2.0)
+    dy = _dy(leaves)
+    out, grads = fp8_grads(leaves, offs, activation, dy)
+    want_out, want = bf16_grads(leaves, offs, activation, dy, run_ref)
+    errs = check_loose(out, grads, want_out, want, BF16_TOL, activation)
+    assert errs["out"] > 1e-2  # it is FP8: not the bf16 block
+
+
+def _block(**kw):
+    return make_leaves([6, 0, 9], 32, 16, "swiglu_oai", bias=True, prob=True, pad=2, seed=3, **kw)
+
+
+def test_rejects_what_cute_moe_expert_ffn_serves():
+    leaves, offs = _block()
+    x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))
+    b_up, b_down = leaves["b_up"].detach(), leaves["b_down"].detach()
+    scale = torch.ones(3)
+    up_t = w_up.transpose(-2, -1).contiguous().transpose(-2, -1)   # (E, 2I, H) storage
+    down_t = w_down.transpose(-2, -1).contiguous().transpose(-2, -1)  # (E, H, I) storage
+    fp8 = cute_moe.fp8.expert_ffn
+    cases = {
+        "transposed w_up": lambda: fp8(x, up_t, w_down, offs, b_up, b_down),
+        "transposed w_down": lambda: fp8(x, w_up, down_t, offs, b_up, b_down),
+        "halves": lambda: fp8(x, w_up, w_down, offs, b_up, b_down, gate_linear="halves"),
+        "gather": lambda: fp8(x, w_up, w_down, offs, gather=(torch.arange(17, dtype=torch.int32),
+                                                             None)),
+        "scale_up": lambda: fp8(x, w_up, w_down, offs, scale_up=scale),
+        "scale_down": lambda: fp8(x, w_up, w_down, offs, scale_down=scale),
+    }
+    for name, call in cases.items():
+        with pytest.raises(NotImplementedError, match=r"cute_moe\.expert_ffn serves it"):
+            call()
+    # the bf16 block takes each of them
+    assert cute_moe.expert_ffn(x, up_t, down_t, offs, b_up, b_down).shape == x.shape
+    # and the argument errors are those of cute_moe.expert_ffn
+    with pytest.raises(ValueError, match=r"cute_moe\.fp8\.expert_ffn: activation"):
+        fp8(x, w_up, w_down, offs, activation="relu")
+    with pytest.raises(ValueError, match=r"w_down: expected shape"):
+        fp8(x, w_up, w_down[:, :8], offs)
+    with pytest.raises(ValueError, match=r"multiples of 16"):
+        fp8(x[:, :24].contiguous(), w_up[:, :24], w_down[..., :24], offs)
+    with pytest.raises(ValueError, match=r"b_up"):
+        fp8(x, w_up, w_down, offs, b_up[:, :8])
+    with pytest.raises(ValueError, match=r"limit"):
+        fp8(x, w_up[..., :16], w_down, offs, activation="srelu", limit=7.0)
+
+
+def test_padding_rows():
+    leaves, offs = make_leaves([9, 0, 14], 144, 80, "swiglu_oai", bias=True, prob=True, pad=6,
+                               seed=4)
+    used = int(offs[-1])
+    with torch.no_grad():  # poisoned padding rows: never read
+        leaves["x"][used:] = float("nan")
+        leaves["prob"][used:] = float("nan")
+    dy = _dy(leaves)
+    out, grads = fp8_grads(leaves, offs, "swiglu_oai", dy)
+    assert torch.all(out[used:] == 0) and torch.all(grads["prob"][used:] == 0)
+    assert torch.all(grads["x"][used:] == 0)
+    assert all(bool(torch.isfinite(g).all()) for g in grads.values())
+    check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy), MATCHED_TOL,
+                  MIN_EXACT, "poisoned padding")
+    # all rows padding, and no rows
+    for pad in (5, 0):
+        leaves, offs = make_leaves([0, 0, 0], 32, 16, "swiglu_oai", bias=True, prob=True,
+                                   pad=pad, seed=5)
+        out, grads = fp8_grads(leaves, offs, "swiglu_oai", _dy(leaves))
+        assert out.shape == (pad, 32) and torch.all(out == 0)
+        assert all(torch.count_nonzero(g) == 0 for g in grads.values())
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "srelu", "none"])
+def test_any_subset_of_gradients(activation):
+    """Each input alone needing its gradient gets the gradient of the full run; without
+    gradients, the same output."""
+    leaves, offs = make_leaves([11, 0, 7], 144, 80, activation, bias=True, prob=True, pad=2,
+                               seed=6)
+    dy = _dy(leaves)
+    out, full = fp8_grads(leaves, offs, activation, dy)
+    with torch.no_grad():
+        assert torch.equal(run_fp8(leaves, offs, activation), out)
+    for name in full:
+        alone = {k: v.detach().requires_grad_(k == name) for k, v in leaves.items()}
+        y = run_fp8(alone, offs, activation)
+        assert torch.equal(y, out)
+        (g,) = torch.autograd.grad(y, [alone[name]], dy)
+        assert torch.equal(g, full[name]), name
+
+
+def test_prob_dtype_and_default_limit():
+    leaves, offs = _block()
+    x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))
+    prob = leaves["prob"].detach().to(BF16).requires_grad_()
+    y = cute_moe.fp8.expert_ffn(x, w_up, w_down, offs, prob=prob)
+    (dprob,) = torch.autograd.grad(y, [prob], _dy(leaves))
+    assert dprob.dtype == BF16
+    # limit="default" is swiglu_oai's 7.0, as in cute_moe.expert_ffn; None: no clamp
+    x = x * 8  # pre-activations past 7
+    y7 = cute_moe.fp8.expert_ffn(x, w_up, w_down, offs, limit=7.0)
+    assert torch.equal(cute_moe.fp8.expert_ffn(x, w_up, w_down, offs), y7)
+    assert not torch.equal(cute_moe.fp8.expert_ffn(x, w_up, w_down, offs, limit=None), y7)
+    # another alpha and limit reach the activation and its backward
+    leaves, offs = make_leaves([7, 0, 9], 144, 80, "swiglu_oai", bias=True, prob=True, seed=8)
+    dy = _dy(leaves)
+    out = run_fp8(leaves, offs, "swiglu_oai", swiglu_alpha=1.0, limit=5.0)
+    names = list(leaves)
+    grads = dict(zip(names, torch.autograd.grad(out, [leaves[k] for k in names], dy)))
+    check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, alpha=1.0, limit=5.0),
+                  MATCHED_TOL, MIN_EXACT, "alpha 1, limit 5")

@@ -1,0 +1,117 @@
+# cute_moe.fp8.expert_ffn on the GPU (the FP8 quantizers and ragged-M GEMM, the bf16 weight
+# gradients): a GPT-OSS-like block (swiglu_oai with biases and router probabilities) and a
+# swiglu block without either, output and every gradient against the quantization-matched
+# reference (fp8_ffn_cases.fp8_ffn_ref, float64) and against cute_moe.expert_ffn (bf16); no host
+# sync; forward and backward captured in a CUDA graph and replayed with new routing. Needs an
+# SM90 GPU and the compiled library.
+import pytest
+import torch
+
+import cute_moe
+from cute_moe import testing
+from cute_moe.reference import offsets_from_counts
+
+from expert_ffn_cases import run_ours
+from fp8_ffn_cases import (BF16, bf16_grads, check_loose, fp8_ffn_ref, fp8_grads, make_leaves,
+                           run_fp8)
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded"),
+    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                       reason="the FP8 kernels run on SM90 (H100, H200)"),
+]
+
+# name: (counts per expert, H, I, padding rows, activation, biases and prob)
+CASES = {
+    "gpt_oss_like": ([300, 0, 517, 180], 256, 256, 3, "swiglu_oai", True),
+    "swiglu_no_bias": ([0, 211, 64, 390], 256, 256, 0, "swiglu", False),
+}
+# Against the quantization-matched reference: the FP8 GEMMs accumulate each 128-long k-block
+# with fewer than fp32's bits before the promotion (docs/fp8.md), and every GEMM output is
+# bf16, so some roundings of pre, h, g, dh, dpre fall the other way and where a quantizer reads
+# them move by an e4m3 step: inexact, bound 1e-2 relative Frobenius (seen on an H200: 1.6e-3 to
+# 5.7e-3, dx the largest).
+MATCHED_TOL = 1e-2
+# Against the bf16 block: the e4m3 roundings of up to three chained GEMM operands (seen on an
+# H200: 0.05-0.07 at w_std 2; dx 0.088 at w_std 3).
+BF16_TOL = 0.1
+
+
+def _leaves(case, w_std, seed=0):
+    counts, hidden, inter, pad, activation, extras = CASES[case]
+    leaves, offs = make_leaves(counts, hidden, inter, activation, bias=extras, prob=extras,
+                               pad=pad, device="cuda", seed=seed, w_std=w_std)
+    dy = torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(seed + 1))
+    return leaves, offs, activation, dy.to("cuda", BF16)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_quantized_reference(case):
+    # w_std 3: pre-activations of about 3, across swiglu_oai's clamps at +-7
+    leaves, offs, activation, dy = _leaves(case, 3.0, seed=1)
+    out, grads = fp8_grads(leaves, offs, activation, dy)
+    used = int(offs[-1])
+    assert torch.all(out[used:] == 0) and torch.all(grads["x"][used:] == 0)
+    if "prob" in grads:
+        assert torch.all(grads["prob"][used:] == 0)
+    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy)
+    check_loose(out, grads, want_out, want, MATCHED_TOL, f"{case} vs the quantized reference")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_close_to_bf16_expert_ffn(case):
+    # w_std 2: at 3, quantizing pre moves many values across swiglu_oai's clamps, where its
+    # gradient jumps
+    leaves, offs, activation, dy = _leaves(case, 2.0, seed=2)
+    out, grads = fp8_grads(leaves, offs, activation, dy)
+    want_out, want = bf16_grads(leaves, offs, activation, dy, run_ours)
+    errs = check_loose(out, grads, want_out, want, BF16_TOL, f"{case} vs cute_moe.expert_ffn")
+    assert errs["out"] > 1e-2  # FP8, not the bf16 block
+
+
+def test_no_host_sync_and_deterministic():
+    leaves, offs, activation, dy = _leaves("gpt_oss_like", 3.0, seed=3)
+    first = fp8_grads(leaves, offs, activation, dy)  # warm-up: lazy initialisations may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = run_fp8(leaves, offs, activation)
+        grads = torch.autograd.grad(out, list(leaves.values()), dy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, first[0])
+    for name, g in zip(leaves, grads):
+        assert torch.equal(g, first[1][name]), name
+
+
+def test_cuda_graph_replay_with_new_routing():
+    """Forward and backward captured once, replayed with new routing (offs' contents), rows
+    and output gradient: each replay equals an eager run on the same inputs."""
+    case = "gpt_oss_like"
+    counts, hidden, inter, _, activation, _ = CASES[case]
+    leaves, offs, _, dy = _leaves(case, 3.0, seed=4)
+    m, experts = leaves["x"].shape[0], len(counts)
+    names = list(leaves)
+
+    def step():
+        out = run_fp8(leaves, offs, activation)
+        return out, torch.autograd.grad(out, [leaves[k] for k in names], dy)
+
+    graph, (static_out, static_grads) = testing.capture_graph(step, warmup=3)
+    g = torch.Generator().manual_seed(5)
+    for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300), ("balanced", m)):
+        sizes = testing.group_sizes(m - pad, experts, routing, generator=g)
+        with torch.no_grad():
+            offs.copy_(offsets_from_counts(sizes, device="cuda"))
+            leaves["x"].copy_(torch.randn(m, hidden, generator=g).to(BF16))
+            leaves["prob"].copy_(torch.rand(m, generator=g))
+            dy.copy_(torch.randn(m, hidden, generator=g).to(BF16))
+        graph.replay()
+        eager = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
+        out, grads = fp8_grads(eager, offs.clone(), activation, dy)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, out), routing
+        for name, a in zip(names, static_grads):
+            assert torch.equal(a, grads[name]), (routing, name)
+        assert torch.all(static_out[m - pad:] == 0)
