@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+# The expert block (up projection, activation, down projection with the router probability)
+# forward and forward + backward, on the same inputs in the same run, sides timed call by
+# call in turn (cute_moe.bench.runner.alternating_ms):
+#   fp8 interim   cute_moe.fp8.expert_ffn: the four ragged-M GEMMs in FP8, activation and
+#                 quantizations as separate passes, weight gradients in bf16 (docs/fp8.md)
+#   bf16          cute_moe.expert_ffn: the fused bf16 kernels
+#   torch fp8     forward only: torch._scaled_grouped_mm with rowwise scales (x and h quantized
+#                 per row, each weight per output column), the activation in PyTorch (torch
+#                 has no backward for it)
+# GPT-OSS-20B (swiglu_oai, biases) and Qwen3-30B-A3B (swiglu, no biases) dims, balanced
+# routing; TFLOP/s of the routed rows' GEMMs (backward: twice the forward's). Weight casts
+# are part of each FP8 side's call (they happen once per training step).
+#
+#   python bench/bench_fp8_block.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 30] [--json out.json]
+#   python bench/bench_fp8_block.py --cpu-smoke     (tiny shapes on the CPU: the script's plumbing)
+# Written in session 12 with no device time left: run here in --cpu-smoke only (the torch
+# fp8 side, CUDA only, not yet run).
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from bench_fp8_gemm import SHAPES, balanced_sizes
+from common import fmt, print_columns, rel_error, run_meta, write_json
+from cute_moe.bench.runner import alternating_ms, backward_step, call_step
+
+BLOCKS = {"gpt-oss-20b": dict(activation="swiglu_oai", bias=True),
+          "qwen3-30b-a3b": dict(activation="swiglu", bias=False)}
+
+
+def rowwise_fp8(t: torch.Tensor, dim: int):
+    """e4m3 of t with one fp32 scale per slice along `dim` (amax / 448)."""
+    s = (t.float().abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / 448.0)
+    return (t.float() / s).to(torch.float8_e4m3fn).contiguous(), s.squeeze(dim).contiguous()
+
+
+def torch_fp8_block(x, w_up, w_down, offs, b_up, b_down, prob, activation):
+    """Forward of the block on torch._scaled_grouped_mm (rowwise FP8), unfused."""
+    from cute_moe.activations import ACTIVATIONS
+    from cute_moe.reference.activation import act_ref
+    xq, xs = rowwise_fp8(x, 1)
+    wu_q, wu_s = rowwise_fp8(w_up.transpose(-2, -1), 2)   # (E, 2I, H) per output column
+    pre = torch._scaled_grouped_mm(xq, wu_q.transpose(-2, -1), xs, wu_s, offs=offs, out_dtype=torch.bfloat16)
+    if b_up is not None:
+        pre = pre + torch.repeat_interleave(b_up, torch.diff(offs, prepend=offs.new_zeros(1)), dim=0,
+                                            output_size=pre.shape[0])
+    h = act_ref(pre, activation, limit=ACTIVATIONS[activation].default_limit).to(torch.bfloat16)
+    hq, hs = rowwise_fp8(h, 1)
+    wd_q, wd_s = rowwise_fp8(w_down.transpose(-2, -1), 2)
+    y = torch._scaled_grouped_mm(hq, wd_q.transpose(-2, -1), hs, wd_s, offs=offs, out_dtype=torch.bfloat16)
+    if b_down is not None:
+        y = y + torch.repeat_interleave(b_down, torch.diff(offs, prepend=offs.new_zeros(1)), dim=0,
+                                        output_size=y.shape[0])
+    return y * prob[:, None].to(y.dtype)
+
+
+def make_block(key: str, m: int, sizes: list[int], device: str, seed: int, scale: float = 1.0):
+    s, blk = SHAPES[key], BLOCKS[key]
+    hdim, inter = int(s["hidden"] * scale) // 16 * 16, int(s["inter"] * scale) // 16 * 16
+    g = torch.Generator(device=device).manual_seed(seed)
+    e = len(sizes)
+
+    def randn(*shape, std=1.0):
+        return (torch.randn(*shape, generator=g, device=device) * std).to(torch.bfloat16).requires_grad_()
+
+    t = dict(x=randn(m, hdim), w_up=randn(e, hdim, 2 * inter, std=hdim ** -0.5),
+             w_down=randn(e, inter, hdim, std=inter ** -0.5),
+             b_up=randn(e, 2 * inter, std=0.1) if blk["bias"] else None,
+             b_down=randn(e, hdim, std=0.1) if blk["bias"] else None,
+             prob=torch.rand(m, generator=g, device=device).requires_grad_())
+    offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
+    return t, offs, hdim, inter, blk["activation"]
+
+
+def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None):
+    import cute_moe
+    from cute_moe import fp8
+    s = SHAPES[key]
+    m = s["tokens"] * s["topk"] if scale == 1.0 else 96
+    sizes = balanced_sizes(m, experts or s["experts"])
+    t, offs, hdim, inter, act = make_block(key, m, sizes, device, seed, scale)
+    args = (t["x"], t["w_up"], t["w_down"], offs, t["b_up"], t["b_down"])
+
+    def ours_fp8():
+        return fp8.expert_ffn(*args, activation=act, prob=t["prob"])
+
+    def ours_bf16():
+        return cute_moe.expert_ffn(*args, activation=act, prob=t["prob"])
+
+    forward = {"fp8 interim": ours_fp8, "bf16": ours_bf16}
+    if device == "cuda":
+        forward["torch fp8"] = lambda: torch_fp8_block(*args, t["prob"], act)
+    dy = torch.randn(m, hdim, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        outs = {k: f() for k, f in forward.items()}
+    errors = {k: rel_error(v, outs["bf16"]) for k, v in outs.items() if k != "bf16"}
+    del outs
+    fwd = alternating_ms({k: call_step(lambda f=f: f().detach()) for k, f in forward.items()}, reps, warmup,
+                         cuda=device == "cuda")
+    bwd = alternating_ms({k: backward_step(forward[k], lambda y: y.backward(dy)) for k in ("fp8 interim", "bf16")},
+                         reps, warmup, cuda=device == "cuda")
+    flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
+    rows = []
+    for side in forward:
+        f_ms = fwd[side][0]
+        b_ms = bwd[side][0] if side in bwd else None
+        rows.append(dict(shape=key, side=side, m=m, hidden=hdim, inter=inter, experts=len(sizes),
+                         fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9,
+                         bwd_tflops=None if b_ms is None else 2 * flops / b_ms / 1e9,
+                         err_vs_bf16=errors.get(side)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="the expert block in FP8 (interim) vs bf16 vs torch FP8")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU, 2 reps")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("bench_fp8_block: needs an SM90 GPU (or --cpu-smoke)", file=sys.stderr)
+        return 2
+    rows = []
+    for key in args.shapes.split(","):
+        if args.cpu_smoke:
+            rows += bench_shape(key, 2, 1, args.seed, device="cpu", scale=1 / 16, experts=4)
+        else:
+            rows += bench_shape(key, args.reps, args.warmup, args.seed)
+        print(f"# {key} done", file=sys.stderr)
+    where = "CPU (smoke)" if args.cpu_smoke else torch.cuda.get_device_name()
+    reps = 2 if args.cpu_smoke else args.reps
+    print(f"expert block, balanced routing; {where}; median of {reps} calls per side, sides in turn")
+    lines = [("shape", "side", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s", "fwd x bf16", "bwd x bf16",
+              "err vs bf16")]
+    for r in rows:
+        ref = next(b for b in rows if b["shape"] == r["shape"] and b["side"] == "bf16")
+        lines.append((r["shape"], r["side"], fmt(r["fwd_ms"], ".3f"), fmt(r["fwd_tflops"], ".0f"),
+                      fmt(r["bwd_ms"], ".3f"), fmt(r["bwd_tflops"], ".0f"),
+                      fmt(ref["fwd_ms"] / r["fwd_ms"], ".2f"),
+                      fmt(None if r["bwd_ms"] is None else ref["bwd_ms"] / r["bwd_ms"], ".2f"),
+                      fmt(r["err_vs_bf16"], ".1e")))
+    print_columns(lines, left=2)
+    if args.json:
+        write_json(args.json, run_meta(reps=reps), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
