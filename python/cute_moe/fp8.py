@@ -65,6 +65,12 @@ def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale:
     and quantizing epilogues) comes later."""
     check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias, row_scale)
     check_offs_values("grouped_mm_fp8", offs, x.shape[0], "x")
+    return grouped_mm_unchecked(x, x_scale, w, w_scale, offs, bias, row_scale)
+
+
+def grouped_mm_unchecked(x, x_scale, w, w_scale, offs, bias=None, row_scale=None) -> torch.Tensor:
+    """grouped_mm on arguments the caller has checked (fp8.expert_ffn checks its block once,
+    not each of its GEMMs: in checked mode every offs check reads offs on the host)."""
     if _op(x):
         return torch.ops.cute_moe.grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
     return reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)

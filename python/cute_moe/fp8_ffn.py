@@ -16,7 +16,7 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, _param_grads
-from .fp8 import grouped_mm, quantize_1x128, quantize_128x128
+from .fp8 import grouped_mm_unchecked, quantize_1x128, quantize_128x128
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
@@ -52,7 +52,7 @@ def _operand(q: torch.Tensor, scale: torch.Tensor):
 def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.Tensor:
     """a (bf16) quantized 1x128, times an FP8 weight operand: bf16 out."""
     aq, a_scale = quantize_1x128(a)
-    return grouped_mm(aq, a_scale, *operand, offs, bias, row_scale)
+    return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
 
 
 def _activation(pre: torch.Tensor, act: Act) -> torch.Tensor:
