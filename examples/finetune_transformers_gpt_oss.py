@@ -8,6 +8,8 @@
 #
 #   python examples/finetune_transformers_gpt_oss.py                  # one H100/H200, ~1 min
 #   python examples/finetune_transformers_gpt_oss.py --device cpu --tiny   # a CPU smoke run
+#   python examples/finetune_transformers_gpt_oss.py --implementations cute_moe,cute_moe_fp8
+#       # bf16 against FP8 experts (cute_moe.fp8, docs/fp8.md) from the same weights
 #
 # The defaults: GPT-OSS-20B's MoE dimensions (hidden 2880, 32 experts of width 2880, top-4,
 # 64 query and 8 key/value heads of 64) in 2 layers, 8 x 1024 tokens a step, AdamW, 100
@@ -33,7 +35,8 @@ if importlib.util.find_spec("cute_moe") is None:  # not installed: the repositor
 import cute_moe.integrations.transformers  # noqa: E402,F401  (registers "cute_moe")
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 
-IMPLEMENTATIONS = ("cute_moe", "grouped_mm")
+IMPLEMENTATIONS = "cute_moe,grouped_mm"
+LAST = 10  # the final loss: the mean of the last LAST steps (one batch's loss is noisy)
 VOCAB = 256  # bytes
 TINY = dict(steps=8, batch=2, seq=64, hidden=64, inter=32, experts=4, top_k=2, heads=4,
             head_dim=16, kv_heads=1, lr=3e-3)
@@ -60,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="default: bf16 on cuda (what the kernels take), fp32 on cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="finetune_gpt_oss_out", help="folder for the PNG and CSV")
+    p.add_argument("--implementations", default=IMPLEMENTATIONS,
+                   help="experts implementations to run in turn from the same weights, comma "
+                        "separated; the first is compared with the others (default: "
+                        f"{IMPLEMENTATIONS}; cute_moe_fp8 runs the expert GEMMs in FP8)")
     p.add_argument("--tiny", action="store_true",
                    help="defaults for a few steps of a tiny model (a CPU smoke run)")
     if p.parse_known_args(argv)[0].tiny:
@@ -171,6 +178,10 @@ def train(base: GptOssForCausalLM, implementation: str, batches, args) -> dict:
 
 # --- output ---------------------------------------------------------------------------------
 
+def final(run: dict) -> float:
+    return statistics.fmean(run["losses"][-LAST:])
+
+
 def write_csv(path: str, runs: dict) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -188,7 +199,7 @@ def write_png(path: str, runs: dict, title: str) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for (name, r), style in zip(runs.items(), ("-", "--")):  # dashed on top: both visible
+    for (name, r), style in zip(runs.items(), ("-", "--", ":", "-.")):  # dashed on top: all visible
         label = f"{name} ({r['step_ms']:.1f} ms/step)"
         ax.plot(range(1, len(r["losses"]) + 1), r["losses"], style, label=label, linewidth=1.4)
     ax.set_xlabel("step")
@@ -211,15 +222,20 @@ def main(argv=None) -> int:
     print(f"GPT-OSS architecture: {args.layers} layers, hidden {args.hidden}, {args.experts} "
           f"experts of width {args.inter} (top-{args.top_k}), {n_params / 1e6:.1f}M parameters, "
           f"{args.dtype} on {args.device}; {args.steps} steps of {tokens} tokens")
-    runs = {name: train(base, name, batches, args) for name in IMPLEMENTATIONS}
+    names = [n.strip() for n in args.implementations.split(",") if n.strip()]
+    runs = {name: train(base, name, batches, args) for name in names}
     for name, r in runs.items():
         peak = "" if r["peak_gib"] is None else f", peak memory {r['peak_gib']:.2f} GiB"
-        print(f"{name:>10}: final loss {r['losses'][-1]:.4f}, median step {r['step_ms']:.1f} ms"
-              f"{peak}")
-    ours, theirs = runs["cute_moe"], runs["grouped_mm"]
-    gap = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"]))
-    print(f"step time grouped_mm / cute_moe: {theirs['step_ms'] / ours['step_ms']:.2f}x; "
-          f"largest loss difference {gap:.4f}")
+        print(f"{name:>12}: final loss {final(r):.4f} (mean of the last {min(LAST, len(r['losses']))} "
+              f"steps; last step {r['losses'][-1]:.4f}), median step {r['step_ms']:.1f} ms{peak}")
+    first = runs[names[0]]
+    for name in names[1:]:
+        other = runs[name]
+        gap = max(abs(a - b) for a, b in zip(first["losses"], other["losses"]))
+        rel = (final(first) - final(other)) / final(other)
+        print(f"{name} / {names[0]}: step time {other['step_ms'] / first['step_ms']:.2f}x; "
+              f"final loss {names[0]} vs {name} {100 * rel:+.2f}%; largest loss difference "
+              f"{gap:.4f}")
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "losses.csv")
     png_path = os.path.join(args.out, "loss_curve.png")

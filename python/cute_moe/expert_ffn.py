@@ -10,13 +10,21 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
+from . import fp8 as _fp8
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import check_permute_args
 from .permute import permute as _permute
 
-__all__ = ["expert_ffn"]
+__all__ = ["expert_ffn", "PRECISIONS", "check_precision"]
+
+PRECISIONS = ("bf16", "fp8")
+
+
+def check_precision(op: str, precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"cute_moe.{op}: precision: expected one of {PRECISIONS}, got {precision!r}")
 
 
 def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
@@ -25,7 +33,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
                swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
                gather: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-               gate_linear: str = "interleaved") -> torch.Tensor:
+               gate_linear: str = "interleaved", precision: str = "bf16") -> torch.Tensor:
     """The expert block of an MoE layer on routed rows sorted by expert:
         pre = scale_up[e] * (x[r] @ w_up[e]) + b_up[e]
         h   = act(pre)
@@ -61,6 +69,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        a gated or srelu activation, w_up contiguous along 2I) the gather happens inside the
        GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
        Hopper (docs/perf-notes.md); elsewhere x is gathered first. Same result either way.
+    precision: "bf16" (the fused bf16 kernels) or "fp8": the block's ragged-M GEMMs in FP8
+       with DeepSeek-V3's block scales (cute_moe.fp8.expert_ffn, docs/fp8.md; it takes the
+       default layout only and raises NotImplementedError naming this bf16 path for the rest:
+       transposed weight views, halves, gather, scale_up / scale_down).
     Returns y (M, H) bf16. Differentiable with respect to every tensor argument but offs.
     A bad offs (decreasing, negative or past M) stops the kernel with a message and a
     trap that leaves the CUDA context unusable; cute_moe.set_offs_check(True) (or
@@ -68,6 +80,12 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     call: for debugging).
     """
     op = "expert_ffn"
+    check_precision(op, precision)
+    if precision == "fp8":
+        return _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
+                               prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
+                               scale_up=scale_up, scale_down=scale_down, gather=gather,
+                               gate_linear=gate_linear)
     limit = resolve_limit(activation, limit)
     check_activation(activation, limit, op)
     check_act_params(swiglu_alpha, limit, op, {"alpha": "swiglu_alpha"})

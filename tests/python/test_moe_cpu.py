@@ -281,9 +281,10 @@ def test_fused_call_contract(monkeypatch):
 
     def fake(x, w_up, w_down, offs, b_up=None, b_down=None, *, activation=DEFAULT_ACTIVATION,
              prob=None, scale_up=None, scale_down=None, swiglu_alpha=DEFAULT_ALPHA,
-             limit=LIMIT_DEFAULT):
+             limit=LIMIT_DEFAULT, precision="bf16"):
         calls.append(dict(x=x, w_up=w_up, w_down=w_down, offs=offs, b_up=b_up, b_down=b_down,
-                          activation=activation, prob=prob, alpha=swiglu_alpha, limit=limit))
+                          activation=activation, prob=prob, alpha=swiglu_alpha, limit=limit,
+                          precision=precision))
         return experts_ref(x.float(), offs, w_up.float(), w_down.float(),
                            None if b_up is None else b_up.float(),
                            None if b_down is None else b_down.float(), prob,
@@ -299,6 +300,7 @@ def test_fused_call_contract(monkeypatch):
     assert c["w_up"].dtype == c["w_down"].dtype == c["b_up"].dtype == BF16
     assert c["offs"].dtype == torch.int32 and c["prob"].dtype == F32
     assert (c["activation"], c["alpha"], c["limit"]) == ("swiglu_oai", 1.5, 7.0)
+    assert c["precision"] == "bf16"
     # the same through the reference expert loop
     ref = ReferenceMoE.like(moe, share=False, dtype=F64)
     assert testing.rel_error(out, ref(x.double())) < 1e-2

@@ -7,6 +7,8 @@
 # is_concatenated). Importing this module registers "cute_moe" there (register() does it
 # again, harmlessly); the name is then chosen with from_pretrained(...,
 # experts_implementation="cute_moe") or model.set_experts_implementation("cute_moe").
+# "cute_moe_fp8", registered beside it, runs the expert GEMMs in FP8 (cute_moe.expert_ffn's
+# precision="fp8", docs/fp8.md) for the experts stored in its layout: GPT-OSS's.
 #
 # The forward reads the HF parameters in place, through views only: they stay the source
 # of truth, so checkpoints, state-dict keys and optimizers see nothing new. What the module
@@ -30,9 +32,11 @@ from ..expert_ffn import expert_ffn
 from ..nn.dispatch import permute, sort_by_expert, unpermute
 from ..reference.moe import experts_ref
 
-__all__ = ["NAME", "UnsupportedExpertsError", "register", "prepare", "experts_forward"]
+__all__ = ["NAME", "NAME_FP8", "UnsupportedExpertsError", "register", "prepare",
+           "experts_forward", "experts_forward_fp8"]
 
 NAME = "cute_moe"
+NAME_FP8 = "cute_moe_fp8"
 # What the error messages point to: transformers' own implementations serve every module
 # ("grouped_mm" on any GPU since SM80 in bf16, and on the CPU; "eager" in any dtype).
 FALLBACK = "grouped_mm"
@@ -44,10 +48,11 @@ class UnsupportedExpertsError(NotImplementedError):
 
 
 def register() -> None:
-    """Registers "cute_moe" in transformers' ExpertsInterface (for every experts class
-    decorated with @use_experts_implementation). Idempotent; importing this module
-    already did it."""
+    """Registers "cute_moe" and "cute_moe_fp8" in transformers' ExpertsInterface (for every
+    experts class decorated with @use_experts_implementation). Idempotent; importing this
+    module already did it."""
     ExpertsInterface.register(NAME, experts_forward)
+    ExpertsInterface.register(NAME_FP8, experts_forward_fp8)
 
 
 class _Plan(NamedTuple):
@@ -63,6 +68,7 @@ class _Plan(NamedTuple):
     kernels: bool           # the package's bf16 functions (the op library); else the references
     device: torch.device    # the weights' device and dtype the plan was made for
     dtype: torch.dtype
+    precision: str          # "bf16" ("cute_moe") or "fp8" ("cute_moe_fp8")
 
 
 _PLAN = "_cute_moe_plan"  # the module attribute holding its _Plan (not a parameter or buffer)
@@ -74,10 +80,25 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     (T, H) in hidden_states' dtype. Expert ids >= num_experts (expert-parallel sentinels)
     contribute zero and give their weight a zero gradient. Differentiable with respect
     to hidden_states, top_k_weights and the module's parameters."""
+    return _forward(self, hidden_states, top_k_index, top_k_weights, "bf16")
+
+
+def experts_forward_fp8(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """experts_forward with the expert GEMMs in FP8 (e4m3, DeepSeek-V3's block scales;
+    cute_moe.fp8.expert_ffn): bf16 weights in GPT-OSS's layout ((E, H, 2I) gate_up_proj with
+    interleaved columns, or a non-gated (E, H, I) up_proj; is_transposed=True), hidden and
+    intermediate sizes multiples of 16. Other modules raise, naming "cute_moe"."""
+    return _forward(self, hidden_states, top_k_index, top_k_weights, "fp8")
+
+
+def _forward(self, hidden_states, top_k_index, top_k_weights, precision: str) -> torch.Tensor:
     w = self.down_proj
     plan = getattr(self, _PLAN, None)
-    if plan is None or plan.device != w.device or plan.dtype != w.dtype:
-        plan = _make_plan(self)  # once per module, and again after a move to another device/dtype
+    if (plan is None or plan.device != w.device or plan.dtype != w.dtype
+            or plan.precision != precision):
+        # once per module, and again after a move to another device/dtype or precision
+        plan = _make_plan(self, precision)
     w_up, w_down = getattr(self, plan.up), w
     if plan.out_in:  # x @ W[e].T: the transposed views, which the kernels read as they are
         w_up, w_down = w_up.transpose(-2, -1), w_down.transpose(-2, -1)
@@ -100,7 +121,7 @@ def _expert_ffn(x, w_up, w_down, offs, b_up, b_down, prob, plan: _Plan):
     if plan.kernels:
         return expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=plan.activation,
                           prob=prob, swiglu_alpha=plan.alpha, limit=plan.limit,
-                          gate_linear=gate_linear)
+                          gate_linear=gate_linear, precision=plan.precision)
     return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob, activation=plan.activation,
                        alpha=plan.alpha, limit=plan.limit, impl="loop", gate_linear=gate_linear)
 
@@ -112,34 +133,36 @@ def prepare(model: nn.Module) -> nn.Module:
     rather than at its first call (which torch.compile(fullgraph=True) could not trace:
     the plan is made outside the graph), raising here for those it cannot serve.
     Call it after moving the model to its device and dtype. Returns the model."""
+    precisions = {NAME: "bf16", NAME_FP8: "fp8"}
     for module in model.modules():
         config = getattr(module, "config", None)
+        name = getattr(config, "_experts_implementation", None)
         if (hasattr(module, "is_concatenated") and hasattr(module, "down_proj")
-                and getattr(config, "_experts_implementation", None) == NAME):
-            _make_plan(module)
+                and name in precisions):
+            _make_plan(module, precisions[name])
     return model
 
 
 @torch.compiler.disable
-def _make_plan(module: nn.Module) -> _Plan:
-    """_plan(module), kept on the module. Outside torch.compile's graph: a graph break
-    where the plan is missing (a module's first call), none once it is there."""
-    plan = _plan(module)
+def _make_plan(module: nn.Module, precision: str = "bf16") -> _Plan:
+    """_plan(module, precision), kept on the module. Outside torch.compile's graph: a graph
+    break where the plan is missing (a module's first call), none once it is there."""
+    plan = _plan(module, precision)
     setattr(module, _PLAN, plan)
     return plan
 
 
-def _unsupported(module: nn.Module, why: str, fallback: str = FALLBACK):
+def _unsupported(module: nn.Module, why: str, fallback: str = FALLBACK, name: str = NAME):
     raise UnsupportedExpertsError(
-        f"experts_implementation={NAME!r}: {type(module).__name__}: {why}. Use "
+        f"experts_implementation={name!r}: {type(module).__name__}: {why}. Use "
         f"experts_implementation={fallback!r} for this model "
         f"(model.set_experts_implementation({fallback!r}), or from_pretrained(..., "
         f"experts_implementation={fallback!r}))")
 
 
-def _plan(module: nn.Module) -> _Plan:
+def _plan(module: nn.Module, precision: str = "bf16") -> _Plan:
     w = module.down_proj
-    kernels = _uses_kernels(module, w)
+    kernels = _uses_kernels(module, w, NAME if precision == "bf16" else NAME_FP8)
     if getattr(module, "has_post_expert_norm", False):
         _unsupported(module, "its experts apply a norm after the down projection, which "
                      "cute_moe's expert block does not have")
@@ -170,11 +193,29 @@ def _plan(module: nn.Module) -> _Plan:
     if kernels and (hidden % 8 or inter % 8):
         _unsupported(module, f"the kernels need hidden and intermediate sizes that are multiples "
                      f"of 8, got {hidden} and {inter}")
+    if precision == "fp8":
+        _check_fp8(module, route, kernels, hidden, inter)
     return _Plan(route, activation, alpha, limit, up, bool(module.has_bias),
-                 not module.is_transposed, kernels, w.device, w.dtype)
+                 not module.is_transposed, kernels, w.device, w.dtype, precision)
 
 
-def _uses_kernels(module: nn.Module, w: torch.Tensor) -> bool:
+def _check_fp8(module: nn.Module, route: str, kernels: bool, hidden: int, inter: int) -> None:
+    """What cute_moe.fp8.expert_ffn serves: bf16, GPT-OSS's storage, 16-byte e4m3 rows."""
+    def unsupported(why):
+        _unsupported(module, why, fallback=NAME, name=NAME_FP8)
+    if not kernels:
+        unsupported(f"its weights are {module.down_proj.dtype}; the FP8 expert block takes "
+                    "bfloat16 weights (load the model with dtype=torch.bfloat16)")
+    if route == "halves" or not module.is_transposed:
+        layout = "[gate | up] halves" if route == "halves" else "(E, out, in) weights"
+        unsupported(f"its {layout} are not the FP8 block's layout yet (GPT-OSS's: (E, H, 2I) "
+                    "with interleaved gate/linear columns, is_transposed=True)")
+    if hidden % 16 or inter % 16:
+        unsupported(f"the FP8 block needs hidden and intermediate sizes that are multiples of "
+                    f"16, got {hidden} and {inter}")
+
+
+def _uses_kernels(module: nn.Module, w: torch.Tensor, name: str = NAME) -> bool:
     """Whether the module's weights run the package's bf16 functions (on CUDA, the fused
     SM90 kernels; on the CPU, the op library's CPU kernels or the references under the
     same autograd) rather than the plain references (CPU, other dtypes). Raises where
@@ -182,20 +223,22 @@ def _uses_kernels(module: nn.Module, w: torch.Tensor) -> bool:
     dev = w.device
     if dev.type == "cuda":
         if not _library.library_loaded():
-            _unsupported(module, f"the cute_moe op library is not loaded ({_library.load_error()})")
+            _unsupported(module, f"the cute_moe op library is not loaded ({_library.load_error()})",
+                         name=name)
         props = torch.cuda.get_device_properties(dev)
         if (props.major, props.minor) != (9, 0):
             _unsupported(module, f"its weights are on {props.name} "
                          f"(sm_{props.major}{props.minor}); the cute_moe kernels run on SM90 GPUs "
-                         "(H100, H200)")
+                         "(H100, H200)", name=name)
         if w.dtype != torch.bfloat16:  # (torch's grouped_mm takes bf16 only on CUDA, too)
             _unsupported(module, f"its weights are {w.dtype}; the cute_moe kernels take bfloat16 "
-                         "(load the model with dtype=torch.bfloat16)", fallback="eager")
+                         "(load the model with dtype=torch.bfloat16)", fallback="eager",
+                         name=name)
         return True
     if dev.type == "cpu":
         return w.dtype == torch.bfloat16
     _unsupported(module, f"its weights are on {dev}; cute_moe runs on SM90 GPUs, and on the CPU "
-                 "through its PyTorch references")
+                 "through its PyTorch references", name=name)
 
 
 # The gates cute_moe knows. transformers gives every decorated class without a gate of

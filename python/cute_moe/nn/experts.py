@@ -9,7 +9,7 @@ from torch import nn
 
 from ..activation_args import LIMIT_DEFAULT, check_activation, is_gated, resolve_limit, up_width
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from ..expert_ffn import expert_ffn
+from ..expert_ffn import check_precision, expert_ffn
 from ..reference.moe import experts_ref
 
 __all__ = ["GroupedExperts"]
@@ -36,21 +36,29 @@ class GroupedExperts(nn.Module):
       "reference" the pure-PyTorch loop (any dtype; reads offs on the host); "auto" the
       first for bf16 inputs, the second otherwise. Parameters are cast to the input's
       dtype in forward (a no-op when they already match), so fp32 master weights work.
+    precision: "bf16" or "fp8" (the expert GEMMs in FP8 with block scales: cute_moe.expert_ffn's
+      precision, docs/fp8.md). "fp8" takes bf16 inputs and impl "auto" or "fused" (on the CPU,
+      or without the op library, the FP8 references run).
     """
 
     def __init__(self, hidden: int, inter: int, num_experts: int, *,
                  activation: str = DEFAULT_ACTIVATION, bias: bool = True,
                  swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
-                 impl: str = "auto",
+                 impl: str = "auto", precision: str = "bf16",
                  init_std: float = 0.02, dtype: torch.dtype | None = None, device=None):
         super().__init__()
         limit = resolve_limit(activation, limit)
         check_activation(activation, limit, "GroupedExperts")
         if impl not in IMPLS:
             raise ValueError(f"GroupedExperts: impl: expected one of {IMPLS}, got {impl!r}")
+        check_precision("nn.GroupedExperts", precision)
+        if precision == "fp8" and impl == "reference":
+            raise ValueError("GroupedExperts: precision='fp8' runs the FP8 expert block "
+                             "(cute_moe.fp8.expert_ffn); impl='reference' is the bf16/fp32 loop: "
+                             "use impl='auto' or 'fused' with it")
         self.hidden, self.inter, self.num_experts = hidden, inter, num_experts
         self.activation, self.swiglu_alpha, self.limit = activation, float(swiglu_alpha), limit
-        self.impl, self.init_std = impl, init_std
+        self.impl, self.precision, self.init_std = impl, precision, init_std
         kw = dict(dtype=dtype, device=device)
         up = up_width(activation, inter)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, up, **kw))
@@ -78,6 +86,11 @@ class GroupedExperts(nn.Module):
                 nn.init.zeros_(b)
 
     def _use_fused(self, x: torch.Tensor) -> bool:
+        if self.precision == "fp8":
+            if x.dtype != torch.bfloat16:
+                raise ValueError(f"GroupedExperts: precision='fp8' takes bf16 inputs, got x of "
+                                 f"{x.dtype} (cast the input, or use precision='bf16')")
+            return True
         return self.impl == "fused" or (self.impl == "auto" and x.dtype == torch.bfloat16)
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor,
@@ -98,7 +111,8 @@ class GroupedExperts(nn.Module):
         w_up, w_down = cast(self.gate_up_proj), cast(self.down_proj)
         b_up, b_down = cast(self.gate_up_proj_bias), cast(self.down_proj_bias)
         if self._use_fused(x):
-            kwargs = dict(activation=self.activation, prob=prob, limit=self.limit)
+            kwargs = dict(activation=self.activation, prob=prob, limit=self.limit,
+                          precision=self.precision)
             if self.activation == "swiglu_oai":
                 kwargs["swiglu_alpha"] = self.swiglu_alpha
             if prob is not None and prob.dtype != torch.float32:
@@ -115,4 +129,5 @@ class GroupedExperts(nn.Module):
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, inter={self.inter}, num_experts={self.num_experts}, "
                 f"activation={self.activation}, bias={self.down_proj_bias is not None}, "
-                f"swiglu_alpha={self.swiglu_alpha}, limit={self.limit}, impl={self.impl}")
+                f"swiglu_alpha={self.swiglu_alpha}, limit={self.limit}, impl={self.impl}"
+                + (f", precision={self.precision}" if self.precision != "bf16" else ""))

@@ -179,6 +179,9 @@ struct Fp8WholeOperandsMainloop : Base {
     Tensor sfa1 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));
     Tensor sfb = make_tensor_like<Scale>(tCsSFB(_, _, _, _0{}));
     clear(accum);
+    // Without this fence ptxas schedules the clear inside the first k-tile's WGMMA window and
+    // drains that batch (DEPBAR gsb0, 0) before issuing the second: no overlap per tile start.
+    warpgroup_fence_operand(accum);
 
     PipelineState release = read;
     // k-tile `read` into `tmp` (its scales, row scale times the tile's B scale, into `sfa`)
