@@ -2,8 +2,9 @@
 # The expert block (up projection, activation, down projection with the router probability)
 # forward and forward + backward, on the same inputs in the same run, sides timed call by
 # call in turn (cute_moe.bench.runner.alternating_ms):
-#   fp8 interim   cute_moe.fp8.expert_ffn: the four ragged-M GEMMs in FP8, activation and
-#                 quantizations as separate passes, weight gradients in bf16 (docs/fp8.md)
+#   fp8           cute_moe.fp8.expert_ffn: the four ragged-M GEMMs in FP8, the activation and
+#                 its backward in their epilogues, the 1x128 quantizations as separate passes,
+#                 weight gradients in bf16 (docs/fp8.md)
 #   bf16          cute_moe.expert_ffn: the fused bf16 kernels
 #   torch fp8     forward only: torch._scaled_grouped_mm with rowwise scales (x and h quantized
 #                 per row, each weight per output column), the activation in PyTorch (torch
@@ -14,8 +15,6 @@
 #
 #   python bench/bench_fp8_block.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 30] [--json out.json]
 #   python bench/bench_fp8_block.py --cpu-smoke     (tiny shapes on the CPU: the script's plumbing)
-# Written in session 12 with no device time left: run here in --cpu-smoke only (the torch
-# fp8 side, CUDA only, not yet run).
 from __future__ import annotations
 
 import argparse
@@ -90,7 +89,7 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     def ours_bf16():
         return cute_moe.expert_ffn(*args, activation=act, prob=t["prob"])
 
-    forward = {"fp8 interim": ours_fp8, "bf16": ours_bf16}
+    forward = {"fp8": ours_fp8, "bf16": ours_bf16}
     if device == "cuda":
         forward["torch fp8"] = lambda: torch_fp8_block(*args, t["prob"], act)
     dy = torch.randn(m, hdim, device=device, dtype=torch.bfloat16)
@@ -100,7 +99,7 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     del outs
     fwd = alternating_ms({k: call_step(lambda f=f: f().detach()) for k, f in forward.items()}, reps, warmup,
                          cuda=device == "cuda")
-    bwd = alternating_ms({k: backward_step(forward[k], lambda y: y.backward(dy)) for k in ("fp8 interim", "bf16")},
+    bwd = alternating_ms({k: backward_step(forward[k], lambda y: y.backward(dy)) for k in ("fp8", "bf16")},
                          reps, warmup, cuda=device == "cuda")
     flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
     rows = []
@@ -115,7 +114,7 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="the expert block in FP8 (interim) vs bf16 vs torch FP8")
+    ap = argparse.ArgumentParser(description="the expert block in FP8 vs bf16 vs torch FP8")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)

@@ -98,6 +98,14 @@ VARIANTS = (
     Variant("Fp8RaggedM", "fp8_ragged_m",
             "fp8_ragged_m (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)", "m",
             "unfused", "fp8", "bf16", ab="e4m3"),
+    # The fused activation epilogues on the FP8 mainloop: the up projection (pre and h in
+    # bf16) and the down projection's input gradient with the activation's backward.
+    Variant("Fp8ActFwd", "fp8_act_forward",
+            "fp8_act_forward (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)",
+            "m", "forward", "fp8", "bf16", ab="e4m3"),
+    Variant("Fp8ActBwd", "fp8_act_backward",
+            "fp8_act_backward (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)",
+            "m", "backward", "fp8", "bf16", ab="e4m3"),
 )
 
 # Per arch, the header (under src/core) that defines each variant family's traits.
@@ -142,4 +150,6 @@ TILES = {
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
 }

@@ -11,7 +11,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cute_moe/grouped_gemm.h"  // GemmOptions, WorkspaceAllocator, kMaxGroups
+#include "cute_moe/fused_activation.h"  // ActivationOptions
+#include "cute_moe/grouped_gemm.h"      // GemmOptions, WorkspaceAllocator, kMaxGroups
 #include "cute_moe/status.h"
 
 namespace cute_moe {
@@ -57,5 +58,58 @@ Result fp8_ragged_m_gemm(const Fp8RaggedMGemmArgs& args, void* workspace, size_t
 Result fp8_ragged_m_gemm(const Fp8RaggedMGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
                          const GemmOptions& opts = {});
 Result chosen_tile_config(const Fp8RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts = {});
+
+// The fused activation epilogues of fused_activation.h after the FP8 mainloop: the same
+// outputs, from deq(x) @ deq(W_e) instead of x @ W_e. Gated activations read W's columns
+// interleaved (column 2j gate j, 2j + 1 linear j: the k-contiguous W holds them as rows 2j and
+// 2j + 1).
+//
+// Forward of the up-projection, one launch (act_forward's contract):
+//   pre = group_scale[e] * (deq(x) @ deq(W_e)) + bias[e]   gemm.n wide, bf16 in gemm.y
+//   h   = act(pre as rounded to bf16)                      gemm.n / 2 (gated) or gemm.n wide, bf16
+// gemm.row_scale must be null.
+struct Fp8ActForwardArgs {
+  Fp8RaggedMGemmArgs gemm;
+  void* h = nullptr;  // bf16, row stride ldh
+  int64_t ldh = 0;
+  ActivationOptions act;
+};
+
+// Input gradient of the down-projection with the activation's backward, one launch
+// (act_backward's contract, interleaved dpre): gemm.x = dy quantized 1 x 128 (m, H), gemm.w =
+// W_down as the k-contiguous (I x H) matrices (the (E, I, H) tensor itself, quantized 128 x 128),
+// gemm.n = I, gemm.k = H;
+//   u    = deq(dy) @ deq(W_down[e])^T, fp32;  dh = p[r] * s[e] * u  (p = gemm.row_scale, s =
+//          gemm.group_scale, each optional)
+//   dpre = dh * act'(pre), the width of pre, bf16;  gemm.y = p[r] * act(pre), I wide, bf16
+//   row_scale_grad[r] = sum_j act(pre)[r, j] * s[e] * u[r, j] + sum_n dy[r, n] * out_bias[e, n]
+//          (optional, needs row_scale; the bias term reads the bf16 dy, required with out_bias)
+// gemm.bias must be null. Padding rows get zeros in every output.
+struct Fp8ActBackwardArgs {
+  Fp8RaggedMGemmArgs gemm;
+  const void* pre = nullptr;  // bf16 (gemm.m, 2 * gemm.n or gemm.n), row stride ldpre
+  int64_t ldpre = 0;
+  void* dpre = nullptr;  // bf16, the shape of pre, row stride lddpre
+  int64_t lddpre = 0;
+  float* row_scale_grad = nullptr;
+  const void* dy = nullptr;  // bf16 (gemm.m, gemm.k), row stride lddy: with out_bias only
+  int64_t lddy = 0;
+  const void* out_bias = nullptr;  // bf16 (num_groups, gemm.k), row stride out_bias_stride
+  int64_t out_bias_stride = 0;
+  ActivationOptions act;
+};
+
+Result validate(const Fp8ActForwardArgs& args);
+Result validate(const Fp8ActBackwardArgs& args);
+Result workspace_size(const Fp8ActForwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result workspace_size(const Fp8ActBackwardArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result fp8_act_forward(const Fp8ActForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       const GemmOptions& opts = {});
+Result fp8_act_forward(const Fp8ActForwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                       const GemmOptions& opts = {});
+Result fp8_act_backward(const Fp8ActBackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                        const GemmOptions& opts = {});
+Result fp8_act_backward(const Fp8ActBackwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                        const GemmOptions& opts = {});
 
 }  // namespace cute_moe

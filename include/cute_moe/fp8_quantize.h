@@ -8,6 +8,10 @@
 //   quantize_fp8_128x128   weights: one scale per 128 x 128 tile of each (k, n) matrix, into
 //                          the matrix as it is (q) and/or transposed (q_t, (n, k) row-major,
 //                          the operand layout of the other GEMM), in one pass
+//   quantize_fp8_128x1     activations and gradients entering a weight gradient (reduction
+//                          along the routed rows): one scale per column and 128 rows of one
+//                          group, transposed and padded per group (the k-major operand the
+//                          FP8 tensor cores read)
 // The amax and the scales are computed on the device (no host sync; CUDA-graph safe).
 // Requirements: bf16 input with unit column stride, row stride and column count multiples
 // of 16 elements and 16-byte aligned base pointers (the fp8 outputs are 16-byte rows of the
@@ -50,11 +54,39 @@ struct QuantizeFp8TilesArgs {
   float* scale_t = nullptr;       // with q_t
 };
 
+// (m, n) bf16 rows sorted by group (offs: cumulative end rows on the device) -> q_t (n, ld_q_t)
+// e4m3 and scale (blocks, n) fp32, blocks = ceil(m / 128) + num_groups. Group e's rows are cut
+// into ceil(rows_e / 128) blocks of 128, numbered after those of the groups before it
+// (first_e = sum over g < e of ceil(rows_g / 128)); block first_e + j holds its rows
+// begin_e + 128 j + i at column 128 (first_e + j) + i of q_t, zeros after the group's last
+// row, with scale row first_e + j: one scale per column of x. So each group starts on a
+// 128-column boundary, no block straddles two groups, and a weight-gradient GEMM reads
+// group e as columns [128 first_e, 128 (first_e + ceil(rows_e / 128))) of a k-major operand.
+// Columns past the last group's blocks (up to 128 * blocks) are zero with scale 1; padding
+// rows (at or past offs[E-1]) are not read.
+struct QuantizeFp8GroupColumnsArgs {
+  int64_t rows = 0;                 // m
+  int64_t cols = 0;                 // n, a multiple of 16
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;    // device, num_groups cumulative end rows
+  const void* src = nullptr;        // bf16 (rows, cols), row stride ld_src (a multiple of 16)
+  int64_t ld_src = 0;
+  void* q_t = nullptr;              // e4m3 (cols, ld_q_t), ld_q_t >= 128 * blocks, a multiple of 16
+  int64_t ld_q_t = 0;
+  float* scale = nullptr;           // (blocks, cols), contiguous
+};
+
+// The blocks of quantize_fp8_128x1 for m rows in num_groups groups (an upper bound, known
+// without the routing).
+inline int64_t fp8_group_row_blocks(int64_t rows, int32_t num_groups) { return (rows + 127) / 128 + num_groups; }
+
 // Argument checks alone (also run by the calls).
 Result validate(const QuantizeFp8RowsArgs& args);
 Result validate(const QuantizeFp8TilesArgs& args);
+Result validate(const QuantizeFp8GroupColumnsArgs& args);
 
 Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& args, cudaStream_t stream);
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& args, cudaStream_t stream);
+Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& args, cudaStream_t stream);
 
 }  // namespace cute_moe

@@ -18,7 +18,9 @@ _BUILD_HINT = "build it from the repository root with `pip install --no-build-is
 OPS = ("grouped_mm", "grouped_mm_wgrad", "grouped_column_sum", "grouped_mm_scaled",
        "grouped_mm_act", "grouped_mm_act_gathered", "grouped_mm_act_bwd", "grouped_mm_swiglu",
        "grouped_mm_swiglu_bwd", "gather_rows", "gather_sum_rows", "gather_rows_dot",
-       "quantize_fp8_1x128", "quantize_fp8_128x128", "grouped_mm_fp8")
+       "quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1", "grouped_mm_fp8",
+       "grouped_mm_fp8_act",
+       "grouped_mm_fp8_act_bwd")
 
 _load_error: str | None = None
 

@@ -1,19 +1,25 @@
 """The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
-cute_moe.reference.fp8) and the ragged-M grouped GEMM on their outputs; and expert_ffn, the
-expert block with its four ragged-M GEMMs in FP8, built from them (fp8_ffn.py; interim and
-unfused). On the CPU or without the op library, the references run instead."""
+cute_moe.reference.fp8), the ragged-M grouped GEMM on their outputs and its fused activation
+forward and backward; and expert_ffn, the expert block with its four ragged-M GEMMs in FP8,
+built from them (fp8_ffn.py). On the CPU or without the op library, the references run
+instead."""
 from __future__ import annotations
 
 import torch
 
 from . import _library
 from .ops.checks import check_offs_values
-from .ops.fp8 import (check_grouped_mm_fp8_args, check_quantize_128x128_args,
-                      check_quantize_1x128_args, reference_128x128, reference_grouped_mm_fp8)
+from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
+                      check_grouped_mm_fp8_args, check_quantize_128x128_args,
+                      check_quantize_128x1_args, check_quantize_1x128_args, reference_128x1,
+                      reference_128x128, reference_grouped_mm_fp8,
+                      reference_grouped_mm_fp8_act, reference_grouped_mm_fp8_act_bwd)
 from .reference import fp8 as _ref
 
-__all__ = ["quantize_1x128", "quantize_128x128", "grouped_mm", "expert_ffn"]
+__all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd",
+           "expert_ffn"]
 
 
 def _op(x: torch.Tensor) -> bool:
@@ -38,6 +44,21 @@ def quantize_128x128(w: torch.Tensor, as_is: bool = True, transposed: bool = Fal
     if _op(w):
         return torch.ops.cute_moe.quantize_fp8_128x128(w, as_is, transposed)
     return reference_128x128(w, as_is, transposed)
+
+
+def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, n) bf16 routed rows sorted by expert (offs (E,) int32 cumulative end rows) -> the
+    operand of a weight-gradient GEMM (reduction along the rows): q_t e4m3 (n, 128 * blocks)
+    and fp32 scales (blocks, n), blocks = ceil(m / 128) + E, one scale per column and 128 rows
+    of one expert. Expert e's rows are cut into ceil(rows_e / 128) blocks numbered after those
+    of the experts before it; block b's rows sit transposed in columns 128 b .. 128 b + 127 of
+    q_t (zeros after the expert's last row), so every expert starts on a 128-column boundary
+    and q_t is k-major for the FP8 tensor cores. Blocks no expert uses are zero with scale 1;
+    padding rows are not read. n a multiple of 16. No host sync on CUDA."""
+    check_quantize_128x1_args(x, offs)
+    if _op(x):
+        return torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+    return reference_128x1(x, offs)
 
 
 def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -74,6 +95,62 @@ def grouped_mm_unchecked(x, x_scale, w, w_scale, offs, bias=None, row_scale=None
     if _op(x):
         return torch.ops.cute_moe.grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
     return reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
+
+
+def grouped_mm_act(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                   offs: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
+                   limit: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 up projection with its activation in the epilogue, one kernel: for the rows r
+    of group e, pre[r] = deq(x)[r] @ deq(w)[e] + bias[e] (fp32 math, rounded once to bf16) and
+    h[r] = act(pre[r]) computed from the rounded pre (bf16). Returns (h, pre); rows at or past
+    offs[-1] zero. Operands as grouped_mm's (no row_scale); w's n columns are the up width,
+    for a gated activation ("swiglu_oai", "swiglu", "geglu") interleaved (column 2j gate j,
+    2j + 1 linear j), n a multiple of 16, and h is n / 2 wide. activation: a fused one (not
+    "none"); limit taken literally (None: no clamp; cute_moe.expert_ffn resolves defaults).
+    Without autograd (cute_moe.fp8.expert_ffn builds the block on it)."""
+    check_grouped_mm_fp8_act_args(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+    check_offs_values("grouped_mm_fp8_act", offs, x.shape[0], "x")
+    return grouped_mm_act_unchecked(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+
+
+def grouped_mm_act_unchecked(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit):
+    if _op(x):
+        return torch.ops.cute_moe.grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation,
+                                                     alpha, limit)
+    return reference_grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+
+
+def grouped_mm_act_bwd(dy: torch.Tensor, dy_scale: torch.Tensor, w: torch.Tensor,
+                       w_scale: torch.Tensor, offs: torch.Tensor, pre: torch.Tensor,
+                       prob: torch.Tensor | None = None, out_bias: torch.Tensor | None = None,
+                       dy_bf16: torch.Tensor | None = None, prob_grad: bool = False, *,
+                       activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
+                       limit: float | None = None):
+    """The FP8 down projection's input gradient with the activation's backward in the epilogue,
+    one kernel (cute_moe.grouped_mm_act_bwd's contract with dy in FP8): with u = deq(dy) @
+    deq(w)[e] in fp32 (w = W_down (E, I, H) quantized 128 x 128 and read as its k-contiguous
+    (E, H, I) view, e.g. ``q.transpose(-2, -1)`` of quantize_128x128(W_down)'s as-is copy),
+    p = prob[r] (1 where absent): dpre = act'(pre) * p * u (bf16, pre's width and
+    layout), hp = p * act(pre) (bf16, I wide; the down projection's weight-gradient operand),
+    and with prob_grad dprob = sum_j act(pre) * u + dy_bf16 . out_bias[e] (float32; out_bias's
+    term needs dy_bf16, the unquantized dy). Returns (dpre, hp, dprob), dprob empty without
+    prob_grad; padding rows zero."""
+    check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                      prob_grad, activation, alpha, limit)
+    check_offs_values("grouped_mm_fp8_act_bwd", offs, dy.shape[0], "dy")
+    return grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
+                                        dy_bf16, prob_grad, activation, alpha, limit)
+
+
+def grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                 prob_grad, activation, alpha, limit):
+    if _op(dy):
+        return torch.ops.cute_moe.grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob,
+                                                         out_bias, dy_bf16, prob_grad, activation,
+                                                         alpha, limit)
+    return reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
+                                            dy_bf16, prob_grad, activation, alpha, limit)
 
 
 # last: fp8_ffn builds on the functions above

@@ -1,11 +1,14 @@
-"""cute_moe.fp8.expert_ffn: the expert block with its four ragged-M GEMMs in FP8, unfused (the
-interim training path of issue 14, built from cute_moe.fp8's quantizers and GEMM; docs/fp8.md)."""
+"""cute_moe.fp8.expert_ffn: the expert block with its four ragged-M GEMMs in FP8, the activation
+and its backward fused into the up projection and the down projection's input gradient (issue
+14's training path so far; docs/fp8.md)."""
 # One autograd.Function over the whole block. Each weight is cast once per forward (one
 # quantize_128x128 call: the transposed copy for the forward GEMM, the as-is copy for the input
 # gradient, kept for the backward); activations and gradients are quantized 1x128 right before
-# the GEMM that reads them. The activation and its backward are the references' elementwise
-# passes; the weight and bias gradients are the bf16 ops of ffn_autograd (no FP8 ragged-K GEMM
-# yet). On the CPU (or without the op library) cute_moe.fp8 runs its references.
+# the GEMM that reads them. The up projection writes pre and h (bf16) from one FP8 kernel, the
+# down projection's input gradient writes dpre, prob * h and dprob from another (the bf16
+# kernels' epilogues on the FP8 mainloop); the weight and bias gradients are the bf16 ops of
+# ffn_autograd (no FP8 ragged-K GEMM yet). On the CPU (or without the op library) cute_moe.fp8
+# runs its references.
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -16,11 +19,12 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, _param_grads
-from .fp8 import grouped_mm_unchecked, quantize_1x128, quantize_128x128
+from .fp8 import (grouped_mm_act_bwd_unchecked, grouped_mm_act_unchecked, grouped_mm_unchecked,
+                  quantize_1x128, quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
-from .reference.activation import act_bwd_ref, act_ref
+from .reference.activation import act_ref
 
 __all__ = ["expert_ffn"]
 
@@ -55,24 +59,17 @@ def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.
     return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
 
 
-def _activation(pre: torch.Tensor, act: Act) -> torch.Tensor:
-    """h = act(pre) in fp32, rounded once to pre's dtype (as the fused up projection writes it)."""
-    if act.name == "none":
-        return pre
-    return act_ref(pre, act.name, act.alpha, act.limit).to(pre.dtype)
-
-
-def _activation_bwd(dh: torch.Tensor, pre: torch.Tensor, act: Act) -> torch.Tensor:
-    if act.name == "none":
-        return dh
-    return act_bwd_ref(dh, pre, act.name, act.alpha, act.limit).to(pre.dtype)
-
-
 def _forward(x, w_up, w_down, offs, b_up, b_down, prob, act: Act, wu_as_is: bool, wd_as_is: bool):
     """(y, pre, cast of w_up, cast of w_down)."""
     wu, wd = _cast(w_up, wu_as_is), _cast(w_down, wd_as_is)
-    pre = _fp8_mm(x, _operand(wu.q_t, wu.scale_t), offs, b_up)
-    y = _fp8_mm(_activation(pre, act), _operand(wd.q_t, wd.scale_t), offs, b_down, prob)
+    up = _operand(wu.q_t, wu.scale_t)
+    if act.name == "none":  # h = pre: a plain GEMM
+        h = pre = _fp8_mm(x, up, offs, b_up)
+    else:
+        xq, x_scale = quantize_1x128(x)
+        h, pre = grouped_mm_act_unchecked(xq, x_scale, *up, offs, b_up, act.name, act.alpha,
+                                          act.limit)
+    y = _fp8_mm(h, _operand(wd.q_t, wd.scale_t), offs, b_down, prob)
     return y, pre, wu, wd
 
 
@@ -84,47 +81,52 @@ class _Fp8ExpertFFN(torch.autograd.Function):
         need_x, need_wu, need_wd, _, need_bu, need_bd, need_prob = ctx.needs_input_grad[:7]
         need_dpre = need_x or need_wu or need_bu
         y, pre, wu, wd = _forward(x, w_up, w_down, offs, b_up, b_down, prob, act,
-                                  wu_as_is=need_x, wd_as_is=need_dpre)
+                                  wu_as_is=need_x, wd_as_is=need_dpre or need_prob)
         ctx.act = act
         ctx.bias_dtypes = (b_up.dtype if b_up is not None else None,
                            b_down.dtype if b_down is not None else None)
-        # Kept: pre (bf16; h and the activation's backward are recomputed from it), the casts
-        # the backward GEMMs read (as-is copies; W_down's transposed copy too where dprob
-        # recomputes z = h W_down + b_down), and inputs (free).
+        # Kept: pre (bf16; the backward kernel recomputes h from it), the as-is casts the
+        # backward GEMMs read, and inputs (free).
+        keep_wd = need_dpre or need_prob
         ctx.save_for_backward(
             x if need_wu else None, w_up, w_down, offs, b_down if need_prob else None, prob,
-            pre if (need_dpre or need_wd or need_prob) else None,
+            pre if (need_dpre or need_wd or need_bd or need_prob) else None,
             wu.q if need_x else None, wu.scale if need_x else None,
-            wd.q if need_dpre else None, wd.scale if need_dpre else None,
-            wd.q_t if need_prob else None, wd.scale_t if need_prob else None)
+            wd.q if keep_wd else None, wd.scale if keep_wd else None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        (x, w_up, w_down, offs, b_down, prob, pre,
-         wu_q, wu_s, wd_q, wd_s, wd_qt, wd_st) = ctx.saved_tensors
+        (x, w_up, w_down, offs, b_down, prob, pre, wu_q, wu_s, wd_q, wd_s) = ctx.saved_tensors
         need_x, need_wu, need_wd, _, need_bu, need_bd, need_prob = ctx.needs_input_grad[:7]
+        need_dpre = need_x or need_wu or need_bu
         act = ctx.act
         bu_dtype, bd_dtype = ctx.bias_dtypes
         dy = dy.contiguous()
         dx = dw_up = db_up = dw_down = db_down = dprob = None
-        h = _activation(pre, act) if (need_wd or need_prob) else None
-        if need_prob:
-            # dprob[r] = <dy[r], z[r]>, z = h W_down + b_down recomputed as the forward had it
-            z = _fp8_mm(h, _operand(wd_qt, wd_st), offs, b_down)
-            dprob = (dy.float() * z.float()).sum(-1)  # padding rows: z is zero there
-        g = (dy.float() * prob[:, None]).to(dy.dtype) if prob is not None else dy
+        dpre = hp = None
+        if need_dpre or need_prob:
+            # one kernel: dh = prob * (Q(dy) W_down^T), dpre = act'(pre) dh, hp = prob * act(pre),
+            # dprob = <act(pre), dy W_down^T> + <dy, b_down>
+            dyq, dy_scale = quantize_1x128(dy)
+            with_bias = need_prob and b_down is not None
+            dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
+                dyq, dy_scale, *_operand(wd_q, wd_s), offs, pre, prob,
+                b_down if with_bias else None, dy if with_bias else None, need_prob, act.name,
+                act.alpha, act.limit)
+            if not need_prob:
+                dprob = None
+        elif need_wd:
+            h = act_ref(pre, act.name, act.alpha, act.limit)
+            hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
         if need_wd or need_bd:
-            dw_down, db_down, _ = _param_grads(h, g, offs, w_down, need_wd,
-                                               bd_dtype if need_bd else None)
-        if need_x or need_wu or need_bu:
-            dh = _fp8_mm(g, _operand(wd_q, wd_s), offs)
-            dpre = _activation_bwd(dh, pre, act)
-            if need_wu or need_bu:
-                dw_up, db_up, _ = _param_grads(x, dpre, offs, w_up, need_wu,
-                                               bu_dtype if need_bu else None)
-            if need_x:
-                dx = _fp8_mm(dpre, _operand(wu_q, wu_s), offs)
+            dw_down, db_down, _ = _param_grads(hp, dy, offs, w_down, need_wd,
+                                               bd_dtype if need_bd else None, row_scale=prob)
+        if need_wu or need_bu:
+            dw_up, db_up, _ = _param_grads(x, dpre, offs, w_up, need_wu,
+                                           bu_dtype if need_bu else None)
+        if need_x:
+            dx = _fp8_mm(dpre, _operand(wu_q, wu_s), offs)
         return dx, dw_up, dw_down, None, db_up, db_down, dprob, None
 
 
@@ -163,26 +165,27 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     clamp). Transposed weight views, gate_linear="halves", gather and scale_up / scale_down
     raise NotImplementedError: cute_moe.expert_ffn (bf16) serves them.
 
-    What is FP8: the four ragged-M GEMMs (cute_moe.fp8.grouped_mm, fp32 accumulation, bf16
-    out), each reading a 1x128-quantized bf16 activation or gradient and a 128x128-quantized
-    weight: the up projection (x, W_up), the down projection (h, W_down; bias and prob in its
-    epilogue), the down projection's input gradient (g = prob * dy, W_down^T) and the up
+    What is FP8: the four ragged-M GEMMs (fp32 accumulation, bf16 out), each reading a
+    1x128-quantized bf16 activation or gradient and a 128x128-quantized weight, in three
+    kernels and a plain GEMM: the up projection (x, W_up) writing pre and h = act(pre) from one
+    kernel; the down projection (h, W_down; bias and prob in its epilogue); the down
+    projection's input gradient (dy, W_down^T) with the activation's backward in its epilogue:
+    dpre = act'(pre) * prob * (Q(dy) W_down^T), prob * h for the weight gradient, and
+    dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>, from one kernel; and the up
     projection's (dpre, W_up^T). Each weight is cast once per forward (as-is and transposed
-    copies from one pass); the backward reuses the casts. dprob[r] = <dy[r], z[r]> with
-    z = h W_down + b_down recomputed by the same FP8 GEMM (only when prob needs a gradient).
+    copies from one pass); the backward reuses the casts.
     What is not yet: the weight gradients run on the bf16 ragged-K GEMM (dW_up = x^T dpre,
-    dW_down = h^T g) and the bias gradients are fp32 column sums of dpre and g (no FP8
-    ragged-K GEMM yet); the activation, its backward and every quantization are separate
-    elementwise passes (act_ref / act_bwd_ref of cute_moe.reference, quantize_1x128), and h
-    is recomputed from the saved pre in the backward. The fused quantizing epilogues come
-    later (docs/fp8.md).
+    dW_down = (prob h)^T dy) and the bias gradients are fp32 column sums of dpre and prob * dy
+    (no FP8 ragged-K GEMM yet); the quantizations of x, h, dy and dpre are separate passes
+    (quantize_1x128), not yet in the epilogues (docs/fp8.md).
 
     Accuracy: each GEMM is the fp32 math of its quantized operands, rounded once to bf16
     (docs/fp8.md's contract: the tensor cores' k-block accumulation is a little short of
-    fp32); the intermediates pre, h, g, dh, dpre are bf16. Against the float64 evaluation of
-    these definitions, relative Frobenius errors of about 5e-3 on an H200 (the GEMMs' bf16
-    outputs, and the e4m3 steps where a quantizer reads a value rounded the other way; the
-    tests bound them at 1e-2), up to 3e-3 with the CPU references. Against the bf16 block
+    fp32); the intermediates pre, h and dpre are bf16 (dh stays fp32 inside its kernel).
+    Against the float64 evaluation of these definitions, relative Frobenius errors of a few
+    1e-3 on the GPU (the GEMMs' bf16 outputs, and the e4m3 steps where a quantizer reads a
+    value rounded the other way; the tests bound them at 1e-2), up to 3e-3 with the CPU
+    references. Against the bf16 block
     (cute_moe.expert_ffn), the e4m3 roundings of up to three chained GEMM operands: 5-7%
     relative in the output and the gradients on random data, up to 9% in dx and dW_up where
     quantizing pre moves many values across swiglu_oai's clamps (the tests bound all at 0.1).

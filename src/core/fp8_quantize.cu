@@ -144,6 +144,123 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp
   }
 }
 
+// One CTA of 256 threads per (128-column tile, 128-row block of one group), the threads laid
+// out as in quantize_tiles_kernel. Warp 0 finds the block's group with a scan of the groups'
+// block counts (offs clamped to [0, rows], so a bad offs reads nothing out of bounds); a block
+// past the last group's quantizes no rows (zeros, scale 1). Each column's amax over the
+// block's rows: across the two threads of a warp that share the column, then across the 8
+// warps through shared memory.
+__global__ void __launch_bounds__(kTileThreads) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
+  __shared__ float col_max[kTileThreads / 32][kBlock];
+  __shared__ float col_scale[kBlock];
+  __shared__ int64_t block_row0;
+  __shared__ int block_rows;
+  __shared__ __align__(16) uint8_t tile[kBlock][kBlock + kTilePad];
+  const int t = threadIdx.x;
+  const int64_t cb = blockIdx.x, b = blockIdx.y;
+  if (t < 32) {
+    constexpr unsigned kAll = 0xffffffffu;
+    int64_t row0 = 0, before = 0;
+    int rows = 0;
+    for (int g0 = 0; g0 < a.num_groups; g0 += 32) {
+      const int g = g0 + t;
+      int64_t begin = 0, end = 0;
+      if (g < a.num_groups) {
+        end = min(max(int64_t(a.offs[g]), int64_t(0)), a.rows);
+        begin = g == 0 ? 0 : min(max(int64_t(a.offs[g - 1]), int64_t(0)), a.rows);
+      }
+      const int64_t nb = end > begin ? (end - begin + kBlock - 1) / kBlock : 0;
+      int64_t inc = nb;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int64_t v = __shfl_up_sync(kAll, inc, o);
+        if (t >= o) inc += v;
+      }
+      const int64_t first = before + inc - nb;
+      const bool mine = b >= first && b < first + nb;
+      if (mine) {
+        row0 = begin + (b - first) * kBlock;
+        rows = static_cast<int>(min(int64_t(kBlock), end - row0));
+      }
+      const unsigned hit = __ballot_sync(kAll, mine);
+      if (hit != 0) {
+        const int lane = __ffs(hit) - 1;
+        row0 = __shfl_sync(kAll, row0, lane);
+        rows = __shfl_sync(kAll, rows, lane);
+        break;
+      }
+      before += __shfl_sync(kAll, inc, 31);
+    }
+    if (t == 0) {
+      block_row0 = row0;
+      block_rows = rows;
+    }
+  }
+  __syncthreads();
+  const int cc = t % 16, r0 = t / 16;
+  const int64_t col = cb * kBlock + 8 * cc;
+  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src);
+  float x[8][8];
+  float amax[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax[j] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = r0 + 16 * i;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (r < block_rows && col < a.cols) raw = *reinterpret_cast<const uint4*>(src + (block_row0 + r) * a.ld_src + col);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x[i][2 * j] = __low2float(pairs[j]);
+      x[i][2 * j + 1] = __high2float(pairs[j]);
+      amax[2 * j] = nan_max(amax[2 * j], fabsf(x[i][2 * j]));
+      amax[2 * j + 1] = nan_max(amax[2 * j + 1], fabsf(x[i][2 * j + 1]));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float m = nan_max(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));  // lanes l, l ^ 16: rows r0, r0 + 1
+    if ((t & 16) == 0) col_max[t >> 5][8 * cc + j] = m;
+  }
+  __syncthreads();
+  if (t < kBlock) {
+    float m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kTileThreads / 32; ++w) m = nan_max(m, col_max[w][t]);
+    const float scale = block_scale(m);
+    col_scale[t] = scale;
+    if (cb * kBlock + t < a.cols) a.scale[b * a.cols + cb * kBlock + t] = scale;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lo |= uint32_t(to_e4m3(x[i][j], col_scale[8 * cc + j])) << (8 * j);
+      hi |= uint32_t(to_e4m3(x[i][4 + j], col_scale[8 * cc + 4 + j])) << (8 * j);
+    }
+    *reinterpret_cast<uint2*>(&tile[r0 + 16 * i][8 * cc]) = make_uint2(lo, hi);
+  }
+  __syncthreads();
+  const int j = t / 2, half = t % 2;  // output row (a column of x), its half of the block's rows
+  const int64_t out_row = cb * kBlock + j;
+  if (out_row >= a.cols) return;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // 16 rows per 16-byte store
+    const int k0 = half * 64 + 16 * c;
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = uint32_t(tile[k0 + 4 * q][j]) | (uint32_t(tile[k0 + 4 * q + 1][j]) << 8) |
+             (uint32_t(tile[k0 + 4 * q + 2][j]) << 16) | (uint32_t(tile[k0 + 4 * q + 3][j]) << 24);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock + k0) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 Result launched(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) return Result::success();
@@ -174,6 +291,18 @@ Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) 
   }
   quantize_tiles_kernel<<<dim3(unsigned(nb), unsigned(kb), unsigned(a.batches)), kTileThreads, 0, stream>>>(a);
   return launched("quantize_fp8_128x128");
+}
+
+Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& a, cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.cols == 0) return r;
+  const int64_t blocks = fp8_group_row_blocks(a.rows, a.num_groups), nb = (a.cols + kBlock - 1) / kBlock;
+  if (blocks > 65535 || nb > 2147483647) {
+    return Result::error(Status::kInvalidArgument, "quantize_fp8_128x1: at most 65535 row blocks (ceil(rows / 128) + "
+                                                   "num_groups), got " + std::to_string(blocks));
+  }
+  quantize_group_columns_kernel<<<dim3(unsigned(nb), unsigned(blocks)), kTileThreads, 0, stream>>>(a);
+  return launched("quantize_fp8_128x1");
 }
 
 }  // namespace cute_moe

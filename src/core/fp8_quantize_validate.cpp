@@ -55,4 +55,17 @@ Result validate(const QuantizeFp8TilesArgs& a) {
   return c.result();
 }
 
+Result validate(const QuantizeFp8GroupColumnsArgs& a) {
+  Rules c("quantize_fp8_128x1");
+  c.count("rows", a.rows).dim("cols", a.cols);
+  c.require(a.num_groups >= 1 && a.num_groups <= 65536, "num_groups must be in [1, 65536], got ", a.num_groups);
+  if (!c.result().ok() || a.cols == 0) return c.result();
+  c.aligned("offs", a.offs, sizeof(int32_t));
+  if (a.rows > 0) c.aligned("src", a.src, 16).stride("ld_src", a.ld_src, a.cols);
+  const int64_t blocks = fp8_group_row_blocks(a.rows, a.num_groups);
+  c.aligned("q_t", a.q_t, 16).stride("ld_q_t", a.ld_q_t, 128 * blocks);
+  c.aligned("scale", a.scale, sizeof(float));
+  return c.result();
+}
+
 }  // namespace cute_moe

@@ -14,6 +14,32 @@ ActParams act_params(const ActivationOptions& o) {
   return p;
 }
 
+// The activation forward on top of its GEMM: D is pre, aux is h = act(pre).
+void add_act_forward(GemmProblem& p, const ActivationOptions& act, void* h, int64_t ldh) {
+  p.act = act_of(act.activation);
+  p.act_params = act_params(act);
+  p.aux = {h, ldh};
+  p.aux_cols = is_gated(act.activation) ? p.n / 2 : p.n;
+}
+
+// The activation backward on top of its GEMM (A = dy, B = the down projection's weight, n = I):
+// the kernel reads pre (C) and writes dpre (D) through its TMA pipelines, gated as n-wide rows
+// of (gate, linear) pairs; aux is p * act(pre), n wide, in the GEMM's y. dpre in halves (the
+// bf16 kernels only) is set by the caller.
+void add_act_backward(GemmProblem& p, const ActivationOptions& act, const void* pre, int64_t ldpre, void* dpre,
+                      int64_t lddpre, bool row_scale_grad) {
+  p.act = act_of(act.activation);
+  p.act_params = act_params(act);
+  const bool gated = is_gated(act.activation);
+  const Elem pair = gated ? Elem::kBF16Pair : Elem::kBF16;
+  const int64_t per_word = gated ? 2 : 1;  // bf16 values per element of `pair`
+  p.c = {pre, ldpre / per_word, pair};
+  p.aux = {p.d.ptr, p.d.ld};  // the GEMM's y: p * act(pre), I wide
+  p.aux_cols = p.n;
+  p.d = {dpre, lddpre / per_word, pair};
+  p.row_scale_grad = row_scale_grad;
+}
+
 }  // namespace
 
 GemmProblem lower(const RaggedMGemmArgs& a) {
@@ -58,38 +84,24 @@ GemmProblem lower(const ActForwardArgs& a) {
   p.variant = a.gemm.gather_rows != nullptr ? KernelVariant::ActFwdGather_BRow  // validated: n-contiguous W
               : p.b_k_major                 ? KernelVariant::ActFwd_BCol
                                             : KernelVariant::ActFwd_BRow;
-  p.act = act_of(a.act.activation);
-  p.act_params = act_params(a.act);
+  add_act_forward(p, a.act, a.h, a.ldh);
   p.b_halves = a.gate_linear == GateLinear::kHalves;
-  p.aux = {a.h, a.ldh};  // h = act(pre); D is pre
-  p.aux_cols = is_gated(a.act.activation) ? a.gemm.n / 2 : a.gemm.n;
   return p;
 }
 
 GemmProblem lower(const ActBackwardArgs& a) {
-  // gemm.x = dy (A), gemm.w = W_down^T (B), gemm.n = I. The kernel reads pre (C) and writes
-  // dpre (D) through its TMA pipelines: gated, as n-wide rows of (gate, linear) pairs.
-  // dpre in [dgate | dlinear] halves (validated: gated, n-contiguous W): D is dgate (n
-  // wide, bf16) and aux2 dlinear, n columns further on.
+  // gemm.x = dy (A), gemm.w = W_down^T (B), gemm.n = I. dpre in [dgate | dlinear] halves
+  // (validated: gated, n-contiguous W): D is dgate (n wide, bf16) and aux2 dlinear, n
+  // columns further on.
   GemmProblem p = lower(a.gemm);
   const bool halves = a.dpre_layout == GateLinear::kHalves;
   p.variant = halves ? KernelVariant::ActBwdHalves_BRow
               : p.b_k_major ? KernelVariant::ActBwd_BCol : KernelVariant::ActBwd_BRow;
-  p.act = act_of(a.act.activation);
-  p.act_params = act_params(a.act);
-  const bool gated = is_gated(a.act.activation);
-  const Elem pair = gated ? Elem::kBF16Pair : Elem::kBF16;
-  const int64_t per_word = gated ? 2 : 1;  // bf16 values per element of `pair`
-  p.c = {a.pre, a.ldpre / per_word, pair};
-  p.aux = {a.gemm.y, a.gemm.ldy};  // p * act(pre), I wide
-  p.aux_cols = a.gemm.n;
+  add_act_backward(p, a.act, a.pre, a.ldpre, a.dpre, a.lddpre, a.row_scale_grad != nullptr);
   if (halves) {
     p.d = {a.dpre, a.lddpre, Elem::kBF16};
     p.aux2 = {static_cast<const char*>(a.dpre) + a.gemm.n * elem_bytes(Elem::kBF16), a.lddpre, Elem::kBF16};
-  } else {
-    p.d = {a.dpre, a.lddpre / per_word, pair};
   }
-  p.row_scale_grad = a.row_scale_grad != nullptr;
   return p;
 }
 
@@ -112,6 +124,20 @@ GemmProblem lower(const Fp8RaggedMGemmArgs& a) {
   p.bias_group_stride = a.bias_stride_group;
   p.group_scale = a.group_scale;
   p.row_scale = a.row_scale;
+  return p;
+}
+
+GemmProblem lower(const Fp8ActForwardArgs& a) {
+  GemmProblem p = lower(a.gemm);
+  p.variant = KernelVariant::Fp8ActFwd;
+  add_act_forward(p, a.act, a.h, a.ldh);
+  return p;
+}
+
+GemmProblem lower(const Fp8ActBackwardArgs& a) {
+  GemmProblem p = lower(a.gemm);
+  p.variant = KernelVariant::Fp8ActBwd;
+  add_act_backward(p, a.act, a.pre, a.ldpre, a.dpre, a.lddpre, a.row_scale_grad != nullptr);
   return p;
 }
 

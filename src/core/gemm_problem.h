@@ -85,6 +85,8 @@ GemmProblem lower(const RaggedKGemmArgs& a);
 GemmProblem lower(const ActForwardArgs& a);
 GemmProblem lower(const ActBackwardArgs& a);
 GemmProblem lower(const Fp8RaggedMGemmArgs& a);
+GemmProblem lower(const Fp8ActForwardArgs& a);
+GemmProblem lower(const Fp8ActBackwardArgs& a);
 
 // What the heuristic sees of a problem.
 GroupedProblem heuristic_view(const GemmProblem& p);

@@ -151,11 +151,13 @@ int narrowest_tile_n(const GroupedProblem& p) {
 size_t scratch_bytes(const RaggedKGemmArgs& a, const detail::GemmProblem&) {
   return a.dbias != nullptr ? detail::column_sum_workspace_bytes(a.m, a.n, a.num_groups) : 0;
 }
-size_t scratch_bytes(const ActBackwardArgs&, const detail::GemmProblem& p) {
+size_t row_partial_bytes(const detail::GemmProblem& p) {
   if (!p.row_scale_grad) return 0;
   const int64_t tiles = row_partial_tiles(p.n, narrowest_tile_n(detail::heuristic_view(p)));
   return static_cast<size_t>(tiles) * static_cast<size_t>(p.m) * sizeof(float);
 }
+size_t scratch_bytes(const ActBackwardArgs&, const detail::GemmProblem& p) { return row_partial_bytes(p); }
+size_t scratch_bytes(const Fp8ActBackwardArgs&, const detail::GemmProblem& p) { return row_partial_bytes(p); }
 template <typename Args>
 size_t scratch_bytes(const Args&, const detail::GemmProblem&) {
   return 0;
@@ -265,25 +267,41 @@ Result run(const Fp8RaggedMGemmArgs&, const detail::GemmProblem& p, const Plan& 
   return enqueue_gemm(p, plan, ws, stream);
 }
 
-Result run(const ActBackwardArgs& args, const detail::GemmProblem& p, const Plan& plan, void* ws,
-           cudaStream_t stream) {
+Result run(const Fp8ActForwardArgs&, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
+  return enqueue_gemm(p, plan, ws, stream);
+}
+
+// The activation backward's GEMM, then the row-scale gradient: the epilogue's per-tile
+// partials, reduced (+ dy . out_bias; dy bf16 (m, n)).
+Result run_act_backward(const char* op, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream,
+                        float* row_scale_grad, const void* dy, int64_t lddy, int64_t n, const void* out_bias,
+                        int64_t out_bias_stride) {
   Result r = enqueue_gemm(p, plan, ws, stream);
-  if (!r.ok() || args.row_scale_grad == nullptr) return r;
-  // the row-scale gradient: the epilogue's per-tile partials, reduced (+ dy . out_bias)
+  if (!r.ok() || row_scale_grad == nullptr) return r;
   detail::RowScaleGradArgs g;
   g.partial = plan.scratch(ws);
   g.tiles = row_partial_tiles(p.n, plan.kernel->config.tile_n);
-  g.m = args.gemm.m;
-  g.dy = args.gemm.x;
-  g.lddy = args.gemm.ldx;
-  g.n = args.gemm.k;
-  g.bias = args.out_bias;
-  g.bias_stride = args.out_bias_stride;
-  g.offs = args.gemm.offs;
-  g.num_groups = args.gemm.num_groups;
-  g.out = args.row_scale_grad;
+  g.m = p.m;
+  g.dy = dy;
+  g.lddy = lddy;
+  g.n = n;
+  g.bias = out_bias;
+  g.bias_stride = out_bias_stride;
+  g.offs = p.offs;
+  g.num_groups = p.num_groups;
+  g.out = row_scale_grad;
   cudaError_t err = detail::launch_row_scale_grad(g, stream);
-  return err == cudaSuccess ? Result::success() : cuda_error("act_backward row-scale-gradient kernel", err);
+  return err == cudaSuccess ? Result::success() : cuda_error((std::string(op) + " row-scale-gradient kernel").c_str(), err);
+}
+
+Result run(const ActBackwardArgs& a, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
+  return run_act_backward("act_backward", p, plan, ws, stream, a.row_scale_grad, a.gemm.x, a.gemm.ldx, a.gemm.k,
+                          a.out_bias, a.out_bias_stride);
+}
+
+Result run(const Fp8ActBackwardArgs& a, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
+  return run_act_backward("fp8_act_backward", p, plan, ws, stream, a.row_scale_grad, a.dy, a.lddy, a.gemm.k,
+                          a.out_bias, a.out_bias_stride);
 }
 
 Result run(const RaggedKGemmArgs& args, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
@@ -299,6 +317,8 @@ bool nothing_to_do(const RaggedMGemmArgs& a) { return a.m == 0; }
 bool nothing_to_do(const ActForwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const ActBackwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const Fp8RaggedMGemmArgs& a) { return a.m == 0; }
+bool nothing_to_do(const Fp8ActForwardArgs& a) { return a.gemm.m == 0; }
+bool nothing_to_do(const Fp8ActBackwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const RaggedKGemmArgs&) { return false; }
 
 // A call with the caller's workspace.
@@ -387,11 +407,36 @@ Result fp8_ragged_m_gemm(const Fp8RaggedMGemmArgs& args, const WorkspaceAllocato
   return call("fp8_ragged_m_gemm", args, allocate, stream, opts);
 }
 
+Result fp8_act_forward(const Fp8ActForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       const GemmOptions& opts) {
+  return call("fp8_act_forward", args, workspace, workspace_bytes, stream, opts);
+}
+Result fp8_act_forward(const Fp8ActForwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                       const GemmOptions& opts) {
+  return call("fp8_act_forward", args, allocate, stream, opts);
+}
+Result fp8_act_backward(const Fp8ActBackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                        const GemmOptions& opts) {
+  return call("fp8_act_backward", args, workspace, workspace_bytes, stream, opts);
+}
+Result fp8_act_backward(const Fp8ActBackwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                        const GemmOptions& opts) {
+  return call("fp8_act_backward", args, allocate, stream, opts);
+}
+
 Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
   return planned_workspace_size(args, bytes, opts);
 }
 
 Result workspace_size(const Fp8RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
+  return planned_workspace_size(args, bytes, opts);
+}
+
+Result workspace_size(const Fp8ActForwardArgs& args, size_t* bytes, const GemmOptions& opts) {
+  return planned_workspace_size(args, bytes, opts);
+}
+
+Result workspace_size(const Fp8ActBackwardArgs& args, size_t* bytes, const GemmOptions& opts) {
   return planned_workspace_size(args, bytes, opts);
 }
 
@@ -428,10 +473,19 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
   return err == cudaSuccess ? Result::success() : cuda_error("group_column_sum kernel", err);
 }
 
+namespace {
+
+// The variants of fp8_gemm.h (e4m3 operands): list_tile_configs's FP8 family.
+bool is_fp8(KernelVariant v) {
+  return v == KernelVariant::Fp8RaggedM || v == KernelVariant::Fp8ActFwd || v == KernelVariant::Fp8ActBwd;
+}
+
+}  // namespace
+
 std::vector<std::string> list_tile_configs(GemmFamily family) {
   std::vector<std::string> names;
   for (const auto& e : detail::kernel_registry()) {
-    const GemmFamily of = e.config.variant == KernelVariant::Fp8RaggedM ? GemmFamily::kFp8RaggedM
+    const GemmFamily of = is_fp8(e.config.variant)                     ? GemmFamily::kFp8RaggedM
                           : detail::is_ragged_m(e.config.variant)     ? GemmFamily::kRaggedM
                                                                       : GemmFamily::kRaggedK;
     if (of != family) continue;

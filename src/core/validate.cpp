@@ -135,19 +135,54 @@ bool check_activation(Checker& c, const ActivationOptions& g) {
   return true;
 }
 
+// The activation forward's rules beyond its GEMM's (act_forward, fp8_act_forward).
+bool check_act_forward(Checker& c, const ActivationOptions& act, int64_t m, int64_t n, const float* row_scale,
+                       const void* h, int64_t ldh, const char* plain_gemm) {
+  if (!check_activation(c, act)) return false;
+  c.require(activation_info(act.activation).fused_forward, "activation ", activation_name(act.activation),
+            " has no fused forward (h = pre: run ", plain_gemm, ")");
+  const bool gated = is_gated(act.activation);
+  c.require(!gated || n % 16 == 0, "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=",
+            n);
+  c.require(row_scale == nullptr, "row_scale must be null (it scales the down projection)");
+  const int64_t h_cols = gated ? n / 2 : n;
+  c.pointer("h", h, m > 0).leading_dim("ldh", ldh, h_cols, gated ? "n/2" : "n");
+  return true;
+}
+
+// The activation backward's rules beyond its GEMM's (act_backward, fp8_act_backward).
+bool check_act_backward(Checker& c, const ActivationOptions& act, int64_t m, int64_t n, int64_t k, const void* bias,
+                        const float* row_scale, const void* pre, int64_t ldpre, const void* dpre, int64_t lddpre,
+                        const float* row_scale_grad, const void* out_bias, int64_t out_bias_stride) {
+  c.require(bias == nullptr, "bias must be null (the input gradient has no bias)");
+  if (!check_activation(c, act)) return false;
+  const bool gated = is_gated(act.activation);
+  const int64_t pre_cols = gated ? 2 * n : n;
+  const char* pre_name = gated ? "2n" : "n";
+  c.pointer("pre", pre, m > 0).pointer("dpre", dpre, m > 0);
+  c.leading_dim("ldpre", ldpre, pre_cols, pre_name).leading_dim("lddpre", lddpre, pre_cols, pre_name);
+  c.require(row_scale_grad == nullptr || row_scale != nullptr,
+            "row_scale_grad needs row_scale (the gradient of a row scale the forward did not apply)");
+  c.scalars("row_scale_grad", row_scale_grad);
+  c.require(out_bias == nullptr || row_scale_grad != nullptr, "out_bias is only read for row_scale_grad");
+  c.pointer("out_bias", out_bias, false);
+  if (out_bias != nullptr) {
+    c.require(out_bias_stride >= k && out_bias_stride % 8 == 0, "out_bias_stride must be a multiple of 8 elements and >= k=",
+              k, ", got ", out_bias_stride);
+  }
+  return true;
+}
+
 }  // namespace
 
 Result validate(const ActForwardArgs& a) {
   Result r = validate_ragged_m(a.gemm, "act_forward", true);
   if (!r.ok()) return r;
   Checker c("act_forward");
-  if (!check_activation(c, a.act)) return c.result();
-  c.require(activation_info(a.act.activation).fused_forward, "activation ", activation_name(a.act.activation),
-            " has no fused forward (h = pre: run ragged_m_gemm)");
+  if (!check_act_forward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.row_scale, a.h, a.ldh, "ragged_m_gemm")) {
+    return c.result();
+  }
   const bool gated = is_gated(a.act.activation);
-  c.require(!gated || a.gemm.n % 16 == 0,
-            "n (the up-projection width 2I) must be a multiple of 16 (I a multiple of 8), got n=", a.gemm.n);
-  c.require(a.gemm.row_scale == nullptr, "row_scale must be null (it scales the down projection)");
   if (a.gate_linear == GateLinear::kHalves) {
     c.require(gated, "gate_linear kHalves needs a gated activation, got ", activation_name(a.act.activation));
     c.require(a.gemm.gather_rows == nullptr, "gate_linear kHalves: no gathered rows (gather first, or interleave W)");
@@ -156,8 +191,6 @@ Result validate(const ActForwardArgs& a) {
               "transposed), got w_stride_k=",
               a.gemm.w_stride_k);
   }
-  const int64_t h_cols = gated ? a.gemm.n / 2 : a.gemm.n;
-  c.pointer("h", a.h, a.gemm.m > 0).leading_dim("ldh", a.ldh, h_cols, gated ? "n/2" : "n");
   return c.result();
 }
 
@@ -165,33 +198,24 @@ Result validate(const ActBackwardArgs& a) {
   Result r = validate_ragged_m(a.gemm, "act_backward", false);
   if (!r.ok()) return r;
   Checker c("act_backward");
-  c.require(a.gemm.bias == nullptr, "bias must be null (the input gradient has no bias)");
-  if (!check_activation(c, a.act)) return c.result();
+  if (!check_act_backward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.k, a.gemm.bias, a.gemm.row_scale, a.pre, a.ldpre,
+                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride)) {
+    return c.result();
+  }
   const bool gated = is_gated(a.act.activation);
-  const int64_t pre_cols = gated ? 2 * a.gemm.n : a.gemm.n;
-  const char* pre_name = gated ? "2n" : "n";
-  c.pointer("pre", a.pre, a.gemm.m > 0).pointer("dpre", a.dpre, a.gemm.m > 0);
-  c.leading_dim("ldpre", a.ldpre, pre_cols, pre_name).leading_dim("lddpre", a.lddpre, pre_cols, pre_name);
   if (a.dpre_layout == GateLinear::kHalves) {
     c.require(gated, "dpre_layout kHalves needs a gated activation, got ", activation_name(a.act.activation));
     c.require(a.gemm.w_stride_n == 1, "dpre_layout kHalves needs W n-contiguous (w_stride_n == 1), got w_stride_n=",
               a.gemm.w_stride_n);
     c.require(a.gemm.n % 8 == 0, "dpre_layout kHalves: n (I) must be a multiple of 8, got ", a.gemm.n);
   }
-  c.require(a.row_scale_grad == nullptr || a.gemm.row_scale != nullptr,
-            "row_scale_grad needs row_scale (the gradient of a row scale the forward did not apply)");
-  c.scalars("row_scale_grad", a.row_scale_grad);
-  c.require(a.out_bias == nullptr || a.row_scale_grad != nullptr, "out_bias is only read for row_scale_grad");
-  c.pointer("out_bias", a.out_bias, false);
-  if (a.out_bias != nullptr) {
-    c.require(a.out_bias_stride >= a.gemm.k && a.out_bias_stride % 8 == 0,
-              "out_bias_stride must be a multiple of 8 elements and >= k=", a.gemm.k, ", got ", a.out_bias_stride);
-  }
   return c.result();
 }
 
-Result validate(const Fp8RaggedMGemmArgs& a) {
-  Checker c("fp8_ragged_m_gemm");
+namespace {
+
+Result validate_fp8_ragged_m(const Fp8RaggedMGemmArgs& a, const char* op) {
+  Checker c(op);
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);
   c.require(a.k > 0 && a.k % 16 == 0 && a.k <= kInt32Max,
             "k must be a positive multiple of 16 (e4m3 rows of 16 bytes for TMA) below 2^31, got k=", a.k);
@@ -216,6 +240,32 @@ Result validate(const Fp8RaggedMGemmArgs& a) {
   if (a.bias != nullptr) {
     c.require(a.bias_stride_group >= 0 && a.bias_stride_group % 8 == 0,
               "bias_stride_group must be a non-negative multiple of 8 elements, got ", a.bias_stride_group);
+  }
+  return c.result();
+}
+
+}  // namespace
+
+Result validate(const Fp8RaggedMGemmArgs& a) { return validate_fp8_ragged_m(a, "fp8_ragged_m_gemm"); }
+
+Result validate(const Fp8ActForwardArgs& a) {
+  Result r = validate_fp8_ragged_m(a.gemm, "fp8_act_forward");
+  if (!r.ok()) return r;
+  Checker c("fp8_act_forward");
+  check_act_forward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.row_scale, a.h, a.ldh, "fp8_ragged_m_gemm");
+  return c.result();
+}
+
+Result validate(const Fp8ActBackwardArgs& a) {
+  Result r = validate_fp8_ragged_m(a.gemm, "fp8_act_backward");
+  if (!r.ok()) return r;
+  Checker c("fp8_act_backward");
+  if (!check_act_backward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.k, a.gemm.bias, a.gemm.row_scale, a.pre, a.ldpre,
+                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride)) {
+    return c.result();
+  }
+  if (a.out_bias != nullptr) {  // its term of the row-scale gradient reads the bf16 dy
+    c.pointer("dy", a.dy, a.gemm.m > 0).leading_dim("lddy", a.lddy, a.gemm.k, "k");
   }
   return c.result();
 }

@@ -18,16 +18,6 @@ namespace cute_moe::torch_ops {
 
 namespace {
 
-ActivationOptions activation_options(const std::string& activation, double alpha, std::optional<double> limit) {
-  ActivationOptions o;
-  TORCH_CHECK(parse_activation(activation.c_str(), &o.activation), "cute_moe: activation must be one of ",
-              activation_names(), ", got '", activation, "'");
-  o.alpha = static_cast<float>(alpha);
-  o.has_limit = limit.has_value();
-  o.limit = limit.has_value() ? static_cast<float>(*limit) : 0.0f;
-  return o;
-}
-
 // gate_linear: "interleaved" (gate j at column 2j, linear j at 2j+1) or "halves" (gate j
 // at j, linear j at I + j) for the up projection's columns, weights, bias and dpre.
 GateLinear gate_linear_of(const std::string& s, const ActivationOptions& o) {
@@ -200,8 +190,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& 
 
 // The schemas' defaults are the declared ones (cute_moe/activation.h): the general ops' default
 // activation and alpha, and swiglu_oai's alpha and limit for the GPT-OSS entry points.
-const std::string kActDefaults = std::string("str activation=\"") + activation_name(kDefaultActivation) +
-                                 "\", float alpha=" + std::to_string(kDefaultAlpha) + ", float? limit=None";
+const std::string kActDefaults = act_schema_defaults();
 const std::string kSwigluOaiDefaults =
     "float alpha=" + std::to_string(kDefaultAlpha) +
     ", float? limit=" + std::to_string(activation_info(Activation::kSwigluOai).default_limit);

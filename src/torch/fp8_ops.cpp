@@ -1,5 +1,6 @@
-// PyTorch ops over the FP8 quantizers (cute_moe/fp8_quantize.h) and the FP8 grouped GEMM
-// (cute_moe/fp8_gemm.h): schemas and CUDA kernels.
+// PyTorch ops over the FP8 quantizers (cute_moe/fp8_quantize.h) and the FP8 grouped GEMMs
+// (cute_moe/fp8_gemm.h: the plain one and the fused activation forward and backward): schemas
+// and CUDA kernels.
 // Fake kernels and the CPU kernels (the references) live in Python (cute_moe/ops/fp8.py).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -66,6 +67,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
   return {q, s, qt, st};
 }
 
+// (m, n) bf16 rows sorted by group -> (q_t e4m3 (n, 128 * blocks), scale fp32 (blocks, n)),
+// blocks = ceil(m / 128) + E: the transposed, group-blocked copy for a weight gradient.
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs) {
+  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
+  check_row_major(x, "x");
+  check_cuda_tensor(offs, "offs", at::kInt, 1, x);
+  TORCH_CHECK(offs.size(0) >= 1 && (offs.stride(0) == 1 || offs.size(0) == 1),
+              "cute_moe: offs must be a contiguous 1-D tensor with at least one group, got shape ", offs.sizes(),
+              " strides ", offs.strides());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t m = x.size(0), n = x.size(1);
+  const int64_t blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
+  at::Tensor q_t = at::empty({n, 128 * blocks}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty({blocks, n}, x.options().dtype(at::kFloat));
+  QuantizeFp8GroupColumnsArgs a;
+  a.rows = m;
+  a.cols = n;
+  a.num_groups = static_cast<int32_t>(offs.size(0));
+  a.offs = offs.data_ptr<int32_t>();
+  a.src = x.data_ptr();
+  a.ld_src = row_stride(x);
+  a.q_t = q_t.data_ptr();
+  a.ld_q_t = 128 * blocks;
+  a.scale = scale.data_ptr<float>();
+  throw_if_error(quantize_fp8_128x1(a, at::cuda::getCurrentCUDAStream()));
+  return {q_t, scale};
+}
+
 // A scale tensor of `dim` dimensions and the given block counts, fp32 on x's device; any
 // non-negative strides (the kernel loads scales one by one).
 void check_scales(const at::Tensor& s, const char* name, std::initializer_list<int64_t> shape, const at::Tensor& x) {
@@ -75,11 +104,11 @@ void check_scales(const at::Tensor& s, const char* name, std::initializer_list<i
   for (int64_t st : s.strides()) TORCH_CHECK(st >= 0, "cute_moe: ", name, " must have non-negative strides, got ", s.strides());
 }
 
-// y = row_scale[r] * (deq(x) @ deq(w[e]) + bias[e]) in bf16: x (m, k) e4m3 by 1 x 128 blocks,
-// w (E, k, n) e4m3 k-contiguous (a transposed view of an (E, n, k) tensor) by 128 x 128.
-at::Tensor grouped_mm_fp8_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& w,
-                               const at::Tensor& w_scale, const at::Tensor& offs, const std::optional<at::Tensor>& bias,
-                               const std::optional<at::Tensor>& row_scale) {
+// The GEMM part of every FP8 op: x (m, k) e4m3 by 1 x 128 blocks, w (E, k, n) e4m3
+// k-contiguous (a transposed view of an (E, n, k) tensor) by 128 x 128, output y (m, n).
+Fp8RaggedMGemmArgs fp8_args(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& w,
+                            const at::Tensor& w_scale, const at::Tensor& offs, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& y) {
   check_cuda_tensor(x, "x", at::kFloat8_e4m3fn, 2, x);
   check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, x);
   check_row_major(x, "x");
@@ -93,9 +122,6 @@ at::Tensor grouped_mm_fp8_cuda(const at::Tensor& x, const at::Tensor& x_scale, c
   check_scales(x_scale, "x_scale", {m, blocks(k)}, x);
   check_scales(w_scale, "w_scale", {e, blocks(k), blocks(n)}, x);
   check_bias(bias, w, x);
-
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty({m, n}, x.options().dtype(at::kBFloat16));
   Fp8RaggedMGemmArgs a;
   a.m = m;
   a.n = n;
@@ -118,27 +144,136 @@ at::Tensor grouped_mm_fp8_cuda(const at::Tensor& x, const at::Tensor& x_scale, c
     a.bias = bias->data_ptr();
     a.bias_stride_group = e <= 1 ? 0 : bias->stride(0);
   }
-  a.row_scale = optional_scales(row_scale, "row_scale", m, "M", x);
   a.y = y.data_ptr();
   a.ldy = row_stride(y);
+  return a;
+}
+
+// y = row_scale[r] * (deq(x) @ deq(w[e]) + bias[e]) in bf16.
+at::Tensor grouped_mm_fp8_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& w,
+                               const at::Tensor& w_scale, const at::Tensor& offs, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& row_scale) {
+  check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({x.size(0), w.size(2)}, x.options().dtype(at::kBFloat16));
+  Fp8RaggedMGemmArgs a = fp8_args(x, x_scale, w, w_scale, offs, bias, y);
+  a.row_scale = optional_scales(row_scale, "row_scale", x.size(0), "M", x);
   if (a.m == 0) return y;
   enqueue_planned(fp8_ragged_m_gemm, a, x);
   return y;
 }
 
+// (h, pre): pre = deq(x) @ deq(w[e]) + bias[e] (bf16), h = act(pre) (bf16); w's columns
+// interleaved (gate, linear) for a gated activation.
+std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_act_cuda(const at::Tensor& x, const at::Tensor& x_scale,
+                                                           const at::Tensor& w, const at::Tensor& w_scale,
+                                                           const at::Tensor& offs,
+                                                           const std::optional<at::Tensor>& bias,
+                                                           const std::string& activation, double alpha,
+                                                           std::optional<double> limit) {
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
+  TORCH_CHECK(activation_info(opts.activation).fused_forward, "cute_moe: grouped_mm_fp8_act: activation '",
+              activation, "' has no fused forward (h = pre): use grouped_mm_fp8");
+  check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, x);
+  const bool gated = is_gated(opts.activation);
+  TORCH_CHECK(!gated || w.size(2) % 2 == 0, "cute_moe: ", activation,
+              " needs an even number of columns in w (gate/linear pairs), got ", w.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor pre = at::empty({x.size(0), w.size(2)}, x.options().dtype(at::kBFloat16));
+  at::Tensor h = at::empty({x.size(0), gated ? w.size(2) / 2 : w.size(2)}, pre.options());
+  Fp8ActForwardArgs a;
+  a.gemm = fp8_args(x, x_scale, w, w_scale, offs, bias, pre);
+  a.h = h.data_ptr();
+  a.ldh = row_stride(h);
+  a.act = opts;
+  if (a.gemm.m == 0) return {h, pre};
+  enqueue_planned(fp8_act_forward, a, x);
+  return {h, pre};
+}
+
+// (dpre, prob * h, dprob): dy (m, H) e4m3 by 1 x 128 blocks, w = W_down as the k-contiguous
+// (E, H, I) view of the (E, I, H) weight quantized 128 x 128; pre (m, 2I or I) bf16. dy_bf16
+// (the unquantized dy) is read for out_bias's term of dprob only. dprob is empty unless
+// prob_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
+    const at::Tensor& dy, const at::Tensor& dy_scale, const at::Tensor& w, const at::Tensor& w_scale,
+    const at::Tensor& offs, const at::Tensor& pre, const std::optional<at::Tensor>& prob,
+    const std::optional<at::Tensor>& out_bias, const std::optional<at::Tensor>& dy_bf16, bool prob_grad,
+    const std::string& activation, double alpha, std::optional<double> limit) {
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
+  check_cuda_tensor(dy, "dy", at::kFloat8_e4m3fn, 2, dy);
+  check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, dy);
+  const int64_t m = dy.size(0), inter = w.size(2);
+  const int64_t pre_cols = is_gated(opts.activation) ? 2 * inter : inter;
+  check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
+  TORCH_CHECK(pre.size(0) == m && pre.size(1) == pre_cols, "cute_moe: pre must be (M, ", pre_cols, ") = (", m, ", ",
+              pre_cols, ") for dy ", dy.sizes(), ", w ", w.sizes(), " and ", activation, ", got ", pre.sizes());
+  check_row_major(pre, "pre");
+  TORCH_CHECK(!prob_grad || prob.has_value(), "cute_moe: prob_grad needs prob");
+  TORCH_CHECK(!out_bias.has_value() || prob_grad, "cute_moe: out_bias is only read for prob_grad");
+  if (out_bias.has_value()) {
+    check_cuda_tensor(*out_bias, "out_bias", at::kBFloat16, 2, dy);
+    TORCH_CHECK(out_bias->size(0) == w.size(0) && out_bias->size(1) == dy.size(1),
+                "cute_moe: out_bias must be (E, H) = (", w.size(0), ", ", dy.size(1), "), got ", out_bias->sizes());
+    check_row_major(*out_bias, "out_bias");
+    TORCH_CHECK(dy_bf16.has_value(), "cute_moe: out_bias's term of dprob reads dy_bf16 (the unquantized dy)");
+  }
+  if (dy_bf16.has_value()) {
+    check_cuda_tensor(*dy_bf16, "dy_bf16", at::kBFloat16, 2, dy);
+    TORCH_CHECK(dy_bf16->sizes() == dy.sizes(), "cute_moe: dy_bf16 must have dy's shape ", dy.sizes(), ", got ",
+                dy_bf16->sizes());
+    check_row_major(*dy_bf16, "dy_bf16");
+  }
+  const c10::cuda::CUDAGuard guard(dy.device());
+  at::Tensor h = at::empty({m, inter}, pre.options());
+  at::Tensor dpre = at::empty({m, pre_cols}, pre.options());
+  at::Tensor dprob = at::empty({prob_grad ? m : 0}, pre.options().dtype(at::kFloat));
+  Fp8ActBackwardArgs a;
+  a.gemm = fp8_args(dy, dy_scale, w, w_scale, offs, std::nullopt, h);
+  a.gemm.row_scale = optional_scales(prob, "prob", m, "M", dy);
+  a.pre = pre.data_ptr();
+  a.ldpre = row_stride(pre);
+  a.dpre = dpre.data_ptr();
+  a.lddpre = row_stride(dpre);
+  if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
+  if (out_bias.has_value()) {
+    a.out_bias = out_bias->data_ptr();
+    a.out_bias_stride = out_bias->stride(0);
+    a.dy = dy_bf16->data_ptr();
+    a.lddy = row_stride(*dy_bf16);
+  }
+  a.act = opts;
+  if (m == 0) return {dpre, h, dprob};
+  enqueue_planned(fp8_act_backward, a, dy);
+  return {dpre, h, dprob};
+}
+
 }  // namespace
+
+const std::string kFp8ActDefaults = act_schema_defaults();
 
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128(Tensor x) -> (Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quantize_fp8_128x1(Tensor x, Tensor offs) -> (Tensor, Tensor)");
   m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
         "Tensor? row_scale=None) -> Tensor");
+  m.def(("grouped_mm_fp8_act(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, " +
+         kFp8ActDefaults + ") -> (Tensor, Tensor)")
+            .c_str());
+  m.def(("grouped_mm_fp8_act_bwd(Tensor dy, Tensor dy_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor pre, "
+         "Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, bool prob_grad=False, " +
+         kFp8ActDefaults + ") -> (Tensor, Tensor, Tensor)")
+            .c_str());
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("quantize_fp8_1x128", &quantize_fp8_1x128_cuda);
   m.impl("quantize_fp8_128x128", &quantize_fp8_128x128_cuda);
+  m.impl("quantize_fp8_128x1", &quantize_fp8_128x1_cuda);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
+  m.impl("grouped_mm_fp8_act", &grouped_mm_fp8_act_cuda);
+  m.impl("grouped_mm_fp8_act_bwd", &grouped_mm_fp8_act_bwd_cuda);
 }
 
 }  // namespace cute_moe::torch_ops

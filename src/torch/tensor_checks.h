@@ -7,9 +7,28 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
+#include "cute_moe/fused_activation.h"
 #include "cute_moe/grouped_gemm.h"
 
 namespace cute_moe::torch_ops {
+
+// The fused activation ops' activation arguments in their schemas, with the declared defaults
+// (cute_moe/activation.h): the default activation and alpha, no limit.
+inline std::string act_schema_defaults() {
+  return std::string("str activation=\"") + activation_name(kDefaultActivation) +
+         "\", float alpha=" + std::to_string(kDefaultAlpha) + ", float? limit=None";
+}
+
+// The fused activation ops' activation arguments (limit taken literally: None, no clamp).
+inline ActivationOptions activation_options(const std::string& activation, double alpha, std::optional<double> limit) {
+  ActivationOptions o;
+  TORCH_CHECK(parse_activation(activation.c_str(), &o.activation), "cute_moe: activation must be one of ",
+              activation_names(), ", got '", activation, "'");
+  o.alpha = static_cast<float>(alpha);
+  o.has_limit = limit.has_value();
+  o.limit = limit.has_value() ? static_cast<float>(*limit) : 0.0f;
+  return o;
+}
 
 inline void check_cuda_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
                        const at::Tensor& ref) {

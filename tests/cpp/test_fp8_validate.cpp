@@ -68,6 +68,37 @@ TEST(Fp8QuantizeValidate, RejectsBadShapesAndLayouts) {
   expect_rejected(t, "scale_t must not be null");
 }
 
+cute_moe::QuantizeFp8GroupColumnsArgs valid_group_columns() {
+  cute_moe::QuantizeFp8GroupColumnsArgs a;
+  a.rows = 4096; a.cols = 2880; a.num_groups = 32;
+  a.offs = fake<const int32_t>(0x1000);
+  a.src = fake(0x10000); a.ld_src = a.cols;
+  a.ld_q_t = 128 * cute_moe::fp8_group_row_blocks(a.rows, a.num_groups);  // 128 * (32 + 32)
+  a.q_t = fake(0x20000); a.scale = fake<float>(0x30000);
+  return a;
+}
+
+TEST(Fp8QuantizeValidate, GroupColumns) {
+  EXPECT_EQ(cute_moe::fp8_group_row_blocks(4096, 32), 64);
+  EXPECT_EQ(cute_moe::fp8_group_row_blocks(1, 1), 2);
+  EXPECT_TRUE(cute_moe::validate(valid_group_columns()).ok()) << cute_moe::validate(valid_group_columns()).message;
+  cute_moe::QuantizeFp8GroupColumnsArgs a = valid_group_columns();
+  a.rows = 0; a.src = nullptr;  // no rows: q_t and scale still written (zeros, ones)
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a = valid_group_columns();
+  a.ld_q_t = 8176;
+  expect_rejected(a, "ld_q_t must be a multiple of 16 elements and >= 8192, got ld_q_t=8176");
+  a = valid_group_columns();
+  a.cols = 2888;
+  expect_rejected(a, "cols must be a non-negative multiple of 16, got cols=2888");
+  a = valid_group_columns();
+  a.num_groups = 0;
+  expect_rejected(a, "num_groups must be in [1, 65536], got 0");
+  a = valid_group_columns();
+  a.scale = nullptr;
+  expect_rejected(a, "scale must not be null");
+}
+
 // The GPT-OSS-20B up projection: x (m, 2880) by 1 x 128 blocks, W^T (32, 5760, 2880).
 cute_moe::Fp8RaggedMGemmArgs valid_gemm() {
   cute_moe::Fp8RaggedMGemmArgs a;
@@ -128,6 +159,64 @@ TEST(Fp8GemmValidate, RejectsBadShapesLayoutsAndScales) {
   a = valid_gemm();
   a.x = fake(0x10008);
   expect_rejected(a, "x must be 16-byte aligned");
+}
+
+// The fused activation forms: the GPT-OSS up projection with swiglu_oai (h 2880 wide), and the
+// down projection's input gradient (dy (m, 2880) times W_down (32, 2880, 2880) read k-contiguous).
+cute_moe::Fp8ActForwardArgs valid_act_forward() {
+  cute_moe::Fp8ActForwardArgs a;
+  a.gemm = valid_gemm();
+  a.h = fake(0x80000); a.ldh = a.gemm.n / 2;
+  return a;
+}
+
+cute_moe::Fp8ActBackwardArgs valid_act_backward() {
+  cute_moe::Fp8ActBackwardArgs a;
+  a.gemm = valid_gemm();
+  a.gemm.n = 2880; a.gemm.ldy = 2880; a.gemm.w_stride_group = 2880 * 2880;
+  a.gemm.row_scale = fake<const float>(0x70000);
+  a.pre = fake(0x90000); a.ldpre = 5760;
+  a.dpre = fake(0xa0000); a.lddpre = 5760;
+  a.row_scale_grad = fake<float>(0xb0000);
+  a.out_bias = fake(0xc0000); a.out_bias_stride = 2880;
+  a.dy = fake(0xd0000); a.lddy = 2880;
+  return a;
+}
+
+TEST(Fp8ActValidate, ValidArgumentsPass) {
+  EXPECT_TRUE(cute_moe::validate(valid_act_forward()).ok()) << cute_moe::validate(valid_act_forward()).message;
+  EXPECT_TRUE(cute_moe::validate(valid_act_backward()).ok()) << cute_moe::validate(valid_act_backward()).message;
+  cute_moe::Fp8ActBackwardArgs b = valid_act_backward();
+  b.out_bias = nullptr; b.dy = nullptr;  // dy is read for out_bias's term only
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+}
+
+TEST(Fp8ActValidate, RejectsBadArguments) {
+  cute_moe::Fp8ActForwardArgs f = valid_act_forward();
+  f.gemm.k = 2888;  // the GEMM's rules, named by the fused call
+  expect_rejected(f, "fp8_act_forward: k must be a positive multiple of 16");
+  f = valid_act_forward();
+  f.ldh = 2872;
+  expect_rejected(f, "fp8_act_forward: ldh must be a multiple of 8 elements (16 bytes) and >= n/2=2880");
+  f = valid_act_forward();
+  f.gemm.row_scale = fake<const float>(0x70000);
+  expect_rejected(f, "row_scale must be null (it scales the down projection)");
+  f = valid_act_forward();
+  f.act.activation = cute_moe::Activation::kIdentity;
+  f.act.has_limit = false;
+  expect_rejected(f, "has no fused forward (h = pre: run fp8_ragged_m_gemm)");
+  cute_moe::Fp8ActBackwardArgs b = valid_act_backward();
+  b.dy = nullptr;
+  expect_rejected(b, "fp8_act_backward: dy must not be null");
+  b = valid_act_backward();
+  b.ldpre = 2880;
+  expect_rejected(b, "ldpre must be a multiple of 8 elements (16 bytes) and >= 2n=5760");
+  b = valid_act_backward();
+  b.gemm.bias = fake(0x60000); b.gemm.bias_stride_group = 2880;
+  expect_rejected(b, "bias must be null (the input gradient has no bias)");
+  b = valid_act_backward();
+  b.gemm.row_scale = nullptr;
+  expect_rejected(b, "row_scale_grad needs row_scale");
 }
 
 }  // namespace

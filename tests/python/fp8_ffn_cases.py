@@ -80,13 +80,14 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
     """(y, {name: gradient}) of the FP8 path computed in dtype from its definition:
         x~ = Q1(x), Wu~ = Q128(w_up), Wd~ = Q128(w_down)  (Q: quantize, then dequantize)
         pre = bf16(x~ Wu~ + b_up),  h = bf16(act(pre)),  z = Q1(h) Wd~ + b_down,  y = prob z
-        dprob = <dy, bf16(z)>,  g = bf16(prob dy),  dh = bf16(Q1(g) Wd~^T),
-        dpre = bf16(act'(pre) dh),  dx = Q1(dpre) Wu~^T,
-        dW_up = x^T dpre,  db_up = sum dpre,  dW_down = h^T g,  db_down = sum g
+        u = Q1(dy) Wd~^T,  dpre = bf16(act'(pre) prob u),  hp = bf16(prob h),
+        dprob = <act(pre), u> + <dy, b_down>,  dx = Q1(dpre) Wu~^T,
+        dW_up = x^T dpre,  db_up = sum dpre,  dW_down = hp^T dy,  db_down = sum prob dy
     per expert, padding rows zero. The bf16 roundings of the FP8 path's intermediates (pre, h,
-    z, g, dh, dpre: GEMM outputs and the inputs of the quantizers) are applied here too, so
-    that the quantizers see the same values; the outputs are not rounded (dtype).
-    unquantized: operands to leave unquantized, of "x", "w_up", "w_down", "h", "g", "dpre" (a
+    hp, dpre: GEMM outputs and the inputs of the quantizers) are applied here too, so that the
+    quantizers see the same values; u and act(pre) inside dprob and dpre stay unrounded as in
+    the fused backward kernel; the outputs are not rounded (dtype).
+    unquantized: operands to leave unquantized, of "x", "w_up", "w_down", "h", "dy", "dpre" (a
     reference that the FP8 path must not match)."""
     limit = ref.default_limit(activation) if limit == "default" else limit
     d = {k: v.detach() for k, v in leaves.items()}
@@ -125,22 +126,28 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
     z = per_group(lambda e, s, t: hq[s:t] @ wd[e] + bias(b_down, e), h, x.shape[1])
     p = prob.to(dtype)[:, None] if prob is not None else None
     y = zero_padding(z * p, offs) if p is not None else z  # padding rows' prob unread
-    g = r16(dy * p) if p is not None else dy
-    gq = q1(g, "g")
-    dh = r16(per_group(lambda e, s, t: gq[s:t] @ wd[e].transpose(0, 1), g, inter))
-    dpre = r16(ref.act_bwd_ref(dh, pre, activation, alpha, limit))
+    dyq = q1(dy.to(BF16), "dy")
+    u = per_group(lambda e, s, t: dyq[s:t] @ wd[e].transpose(0, 1), dy, inter)
+    dpre = r16(ref.act_bwd_ref(u * p if p is not None else u, pre, activation, alpha, limit))
+    hf = ref.act_ref(pre, activation, alpha, limit)  # unrounded, as in the kernel
+    hp = r16(hf * p) if p is not None else h
     dpq = q1(dpre, "dpre")
     grads = {"x": per_group(lambda e, s, t: dpq[s:t] @ wu[e].transpose(0, 1), dpre, x.shape[1])}
     xd = x.to(dtype)
     bounds = group_bounds(offs, m)
     grads["w_up"] = torch.stack([xd[s:t].T @ dpre[s:t] for s, t in bounds])
-    grads["w_down"] = torch.stack([h[s:t].T @ g[s:t] for s, t in bounds])
+    grads["w_down"] = torch.stack([hp[s:t].T @ dy[s:t] for s, t in bounds])
+    g = dy * p if p is not None else dy
     if b_up is not None:
         grads["b_up"] = torch.stack([dpre[s:t].sum(0) for s, t in bounds])
     if b_down is not None:
         grads["b_down"] = torch.stack([g[s:t].sum(0) for s, t in bounds])
     if prob is not None:
-        grads["prob"] = (dy * r16(z)).sum(-1)
+        dprob = (hf * u).sum(-1)
+        if b_down is not None:
+            dprob = dprob + per_group(lambda e, s, t: dy[s:t] @ b_down[e].to(dtype)[:, None], dy,
+                                      1)[:, 0]
+        grads["prob"] = zero_padding(dprob, offs)
     return y, grads
 
 

@@ -57,7 +57,7 @@ def test_matches_quantized_reference(shape, activation, bias, prob):
                   f"{activation} {counts} H={hidden} I={inter}")
 
 
-@pytest.mark.parametrize("unquantized", ["x", "w_up", "w_down", "h", "g", "dpre"])
+@pytest.mark.parametrize("unquantized", ["x", "w_up", "w_down", "h", "dy", "dpre"])
 def test_every_quantization_shows(unquantized):
     """The tight check tells each quantization apart: against a reference without it, some
     output is off by well over MATCHED_TOL."""

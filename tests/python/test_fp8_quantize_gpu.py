@@ -111,3 +111,53 @@ def test_quantize_128x128_rejects_bad_input():
     with pytest.raises(RuntimeError, match="ask for q"):
         torch.ops.cute_moe.quantize_fp8_128x128(torch.zeros(2, 48, 48, dtype=torch.bfloat16, device="cuda"),
                                                 False, False)
+
+
+# --- quantize_fp8_128x1: the weight gradients' operands, transposed and blocked per group ---
+
+def _offs(counts):
+    return torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+
+
+@pytest.mark.parametrize("counts,pad,cols", [
+    ([300, 0, 517, 180], 3, 2880),     # GPT-OSS-like: partial blocks, an empty group
+    ([0, 0, 1, 127, 128, 129], 0, 16),  # block edges, empty groups first
+    ([0, 0], 9, 48),                     # no routed rows: every block unused
+    ([1000], 0, 1040),                   # one group, a partial column tile
+])
+def test_quantize_128x1_matches_reference(counts, pad, cols):
+    m = sum(counts) + pad
+    x = _data((m, cols), m + cols, special=m > 0)
+    x[sum(counts):] = float("nan")  # padding rows: never read
+    offs = _offs(counts)
+    q_t, s = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+    rq, rs = ref.quantize_128x1_t(x, offs)  # reads the groups' rows only
+    blocks = (m + 127) // 128 + len(counts)
+    assert q_t.dtype == ref.FP8_DTYPE and q_t.shape == (cols, 128 * blocks)
+    assert s.shape == (blocks, cols)
+    assert torch.equal(s, rs) and torch.equal(_bits(q_t), _bits(rq))
+    used = sum((c + 127) // 128 for c in counts)  # blocks past these: zeros, scale 1
+    assert bool((s[used:] == 1).all()) and bool((_bits(q_t[:, 128 * used:]) == 0).all())
+
+
+def test_quantize_128x1_many_groups_and_strided_rows():
+    counts = [int(c) for c in torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(8))]
+    big = _data((sum(counts), 384), 9, special=False)
+    x = big[:, :256]  # row stride 384
+    offs = _offs(counts)
+    q_t, s = cute_moe.fp8.quantize_128x1(x, offs)
+    rq, rs = ref.quantize_128x1_t(x, offs)
+    assert torch.equal(s, rs) and torch.equal(_bits(q_t), _bits(rq))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        cute_moe.fp8.quantize_128x1(x, offs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_quantize_128x1_rejects_bad_input():
+    x = torch.zeros(40, 48, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.cute_moe.quantize_fp8_128x1(x[:, :40], _offs([40]))
+    with pytest.raises(RuntimeError, match="offs must be"):
+        torch.ops.cute_moe.quantize_fp8_128x1(x, _offs([20, 20]).to(torch.int64))

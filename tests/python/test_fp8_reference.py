@@ -176,3 +176,46 @@ def test_fp8_ops_cpu_and_fake_kernels():
         assert [tuple(t.shape) for t in fake_out] == [(0,), (0,), (3, 48, 160), (3, 1, 2)]
         fq, fs = ops.quantize_fp8_1x128(mode.from_tensor(x))
         assert fq.dtype == fp8.FP8_DTYPE and tuple(fs.shape) == (5, 3)
+
+
+def test_quantize_128x1_t_is_the_k_major_layout_of_quantize_128x1():
+    """The weight-gradient operand layout: each group's blocks transposed into their own 128
+    columns, zeros after the group's rows and in unused blocks; the dequantized values are
+    quantize_128x1's, moved."""
+    counts = [0, 130, 0, 5, 256]
+    offs = offsets_from_counts(counts)
+    x = torch.randn(sum(counts) + 4, 48).to(torch.bfloat16)
+    q, s = fp8.quantize_128x1(x, offs)
+    q_t, s_t = fp8.quantize_128x1_t(x, offs)
+    assert torch.equal(s_t, s) and q_t.shape == (48, 128 * s.shape[0])
+    deq = fp8.dequantize_128x1(q, s, offs)
+    deq_t = fp8.dequantize_128x1_t(q_t, s_t)
+    col = 0
+    for start, end, first in fp8.group_row_blocks(offs, x.shape[0]):
+        assert first * 128 == col
+        n_blocks = (end - start + 127) // 128
+        assert torch.equal(deq_t[:, col:col + end - start], deq[start:end].T)
+        assert bool((deq_t[:, col + end - start:col + 128 * n_blocks] == 0).all())
+        col += 128 * n_blocks
+    assert bool((deq_t[:, col:] == 0).all())
+
+
+def test_quantize_128x1_wrapper_on_cpu_and_its_checks():
+    import cute_moe
+    offs = offsets_from_counts([3, 0, 140])
+    x = torch.randn(145, 32).to(torch.bfloat16)
+    q_t, s = cute_moe.fp8.quantize_128x1(x, offs)
+    rq, rs = fp8.quantize_128x1_t(x, offs)
+    assert torch.equal(q_t.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    with pytest.raises(ValueError, match=r"quantize_fp8_128x1: x: expected its last dimension a "
+                                         r"multiple of 16"):
+        cute_moe.fp8.quantize_128x1(x[:, :24], offs)
+    with pytest.raises(ValueError, match=r"quantize_fp8_128x1: offs"):
+        cute_moe.fp8.quantize_128x1(x, offs.to(torch.int64))
+    if cute_moe.library_loaded():  # the op's CPU and fake kernels
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        got = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+        assert torch.equal(got[0].view(torch.uint8), rq.view(torch.uint8))
+        with FakeTensorMode() as mode:
+            fq, fs = torch.ops.cute_moe.quantize_fp8_128x1(mode.from_tensor(x), mode.from_tensor(offs))
+        assert tuple(fq.shape) == (32, 128 * 5) and tuple(fs.shape) == (5, 32)

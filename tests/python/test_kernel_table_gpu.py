@@ -29,7 +29,7 @@ ALPHA = 1.702
 
 CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
          "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol",
-         "act_backward_halves", "fp8_ragged_m")
+         "act_backward_halves", "fp8_ragged_m", "fp8_act_forward", "fp8_act_backward")
 
 
 def _row_id(row: str) -> str:
@@ -106,6 +106,35 @@ def _run(call, act, g, offs):
         prob = torch.rand(M + PAD, device="cuda", generator=g)
         _check("y", ops.grouped_mm_fp8(xq, xs, wq, ws, offs, bias, prob),
                reference_grouped_mm_fp8(xq, xs, wq, ws, offs, bias, prob, out_dtype=F32))
+    elif call == "fp8_act_forward":  # (h, pre) from e4m3 operands by blocks
+        from cute_moe import fp8
+        from cute_moe.ops.fp8 import reference_grouped_mm_fp8_act
+        xq, xs = fp8.quantize_1x128(_randn(g, M + PAD, K))
+        _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, E, K, N, s=2.0 * K ** -0.5), False, True)
+        wq, ws = wq_t.transpose(-2, -1), ws_t.transpose(-2, -1)  # (E, K, N), k-contiguous
+        bias = _randn(g, E, N, s=0.5)
+        got = ops.grouped_mm_fp8_act(xq, xs, wq, ws, offs, bias, act, ALPHA, limit)
+        want = reference_grouped_mm_fp8_act(xq, xs, wq, ws, offs, bias, act, ALPHA, limit)
+        for name, a, b in zip(("h", "pre"), got, want):
+            _check(name, a, b)
+    elif call == "fp8_act_backward":  # dy e4m3 (m, H) @ W_down[e]^T, w the (E, H, I) view
+        from cute_moe import fp8
+        from cute_moe.ops.fp8 import reference_grouped_mm_fp8_act_bwd
+        gated = act in ref.GATED_ACTIVATIONS
+        inter = N // 2 + 8 if gated else N  # 272: the weight cast's k, a multiple of 16
+        dy = _randn(g, M + PAD, K)
+        dyq, dys = fp8.quantize_1x128(dy)
+        wq, ws, _, _ = fp8.quantize_128x128(_randn(g, E, inter, K, s=2.0 * K ** -0.5), True, False)
+        wq, ws = wq.transpose(-2, -1), ws.transpose(-2, -1)  # (E, K, I), k-contiguous
+        pre = _randn(g, M + PAD, 2 * inter if gated else inter, s=3.0)
+        prob = torch.rand(M + PAD, device="cuda", generator=g)
+        out_bias = _randn(g, E, K, s=0.5)
+        got = ops.grouped_mm_fp8_act_bwd(dyq, dys, wq, ws, offs, pre, prob, out_bias, dy, True, act,
+                                         ALPHA, limit)
+        want = reference_grouped_mm_fp8_act_bwd(dyq, dys, wq, ws, offs, pre, prob, out_bias, dy, True,
+                                                act, ALPHA, limit)
+        for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
+            _check(name, a, b)
     else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
         gated = act in ref.GATED_ACTIVATIONS
         inter = N // 2 if gated else N

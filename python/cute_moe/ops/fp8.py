@@ -8,16 +8,23 @@ from __future__ import annotations
 import torch
 
 from .. import _library
-from ..reference.fp8 import FP8_DTYPE, grouped_mm_fp8_ref, quantize_1x128, quantize_128x128
+from ..reference.fp8 import (FP8_DTYPE, grouped_mm_fp8_ref, quantize_1x128, quantize_128x1_t,
+                             quantize_128x128)
 from ..reference.groups import zero_padding
 from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
                      unit_columns)
+from ..activation_args import check_act_params, check_activation, is_gated
+from ..reference.fp8 import grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref
 from .registry import register_kernels
 
 __all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128",
-           "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8"]
+           "check_quantize_128x1_args", "reference_128x1",
+           "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
+           "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
+           "reference_grouped_mm_fp8_act_bwd"]
 
-OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "grouped_mm_fp8")
+OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1", "grouped_mm_fp8",
+       "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd")
 
 
 def _bf16(op: str, name: str, t, ndim: int, dims16: int) -> None:
@@ -82,6 +89,31 @@ def reference_128x128(w, as_is: bool, transposed: bool):
             s.transpose(-2, -1).contiguous() if transposed else none32)
 
 
+def check_quantize_128x1_args(x, offs) -> None:
+    op = "quantize_fp8_128x1"
+    _bf16(op, "x", x, 2, 1)
+    check_tensor(op, "offs", offs, 1, torch.int32)
+    if offs.shape[0] < 1 or offs.shape[0] > MAX_GROUPS:
+        fail(op, "offs", f"1 to {MAX_GROUPS} groups", f"shape {tuple(offs.shape)}")
+    check_same_device(op, "x", x, offs=offs)
+
+
+def _row_blocks(m: int, groups: int) -> int:
+    return _blocks(m) + groups
+
+
+def _fake_128x1(x, offs):
+    check_quantize_128x1_args(x, offs)
+    (m, n), b = x.shape, _row_blocks(x.shape[0], offs.shape[0])
+    return x.new_empty(n, 128 * b, dtype=FP8_DTYPE), x.new_empty(b, n, dtype=torch.float32)
+
+
+def reference_128x1(x, offs):
+    """The op's outputs from the reference (its CPU kernel, and cute_moe.fp8's fallback)."""
+    check_quantize_128x1_args(x, offs)
+    return quantize_128x1_t(x, offs)
+
+
 # --- grouped_mm_fp8: the ragged-M FP8 GEMM --------------------------------------------
 
 MAX_GROUPS = 65536  # the core's kMaxGroups
@@ -93,7 +125,7 @@ def _non_negative_strides(op: str, name: str, t: torch.Tensor) -> None:
 
 
 def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale=None,
-                              op: str = "grouped_mm_fp8") -> None:
+                              op: str = "grouped_mm_fp8", x_name: str = "x") -> None:
     """The rules of cute_moe::grouped_mm_fp8 (shapes, dtypes, strides, devices):
     x (m, k) e4m3, unit stride along k, k a positive multiple of 16, row stride a multiple
     of 16 elements (16-byte rows) and >= k; x_scale (m, ceil(k / 128)) float32;
@@ -103,8 +135,9 @@ def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale
     ceil(n / 128)) float32; offs (E,) int32; bias (E, n) bfloat16 with unit stride along n
     and a row stride that is a multiple of 8; row_scale (m,) float32 contiguous; scales with
     any non-negative strides; one device. A stride along a dimension of size 1 (one row of
-    x, one group of w and bias) is free."""
-    check_tensor(op, "x", x, 2, FP8_DTYPE)
+    x, one group of w and bias) is free. x_name: what the op calls x (and x_scale)."""
+    xs = x_name + "_scale"
+    check_tensor(op, x_name, x, 2, FP8_DTYPE)
     check_tensor(op, "w", w, 3, FP8_DTYPE)
     m, k = x.shape
     num_groups, wk, n = w.shape
@@ -112,17 +145,17 @@ def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale
         fail(op, "w", f"1 to {MAX_GROUPS} groups along its first dimension (E)",
              f"shape {tuple(w.shape)}")
     if wk != k:
-        fail(op, "x", f"{wk} columns (w.shape[1], k)", f"shape {tuple(x.shape)}")
+        fail(op, x_name, f"{wk} columns (w.shape[1], k)", f"shape {tuple(x.shape)}")
     if k <= 0 or k % 16:
-        fail(op, "x", "k = x.shape[1] a positive multiple of 16 (16-byte e4m3 rows)",
+        fail(op, x_name, "k = x.shape[1] a positive multiple of 16 (16-byte e4m3 rows)",
              f"shape {tuple(x.shape)}")
     if n <= 0 or n % 8:
         fail(op, "w", "n = w.shape[2] a positive multiple of 8 (16-byte bfloat16 output rows)",
              f"shape {tuple(w.shape)}")
     if not unit_columns(x):
-        fail(op, "x", "unit stride along k (call .contiguous())", f"strides {x.stride()}")
+        fail(op, x_name, "unit stride along k (call .contiguous())", f"strides {x.stride()}")
     if m > 1 and (x.stride(0) % 16 or x.stride(0) < k):
-        fail(op, "x", f"a row stride that is a multiple of 16 elements and >= k = {k}",
+        fail(op, x_name, f"a row stride that is a multiple of 16 elements and >= k = {k}",
              f"strides {x.stride()}")
     if w.stride(1) != 1:
         fail(op, "w", "w.stride(1) == 1, k-contiguous (FP8 tensor cores read both operands "
@@ -136,11 +169,11 @@ def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale
              "expert matrices)", f"strides {w.stride()}")
     check_offs_length(op, offs, num_groups, "w.shape[0], the number of groups")
     kb, nb = _blocks(k), _blocks(n)
-    check_tensor(op, "x_scale", x_scale, 2, torch.float32)
+    check_tensor(op, xs, x_scale, 2, torch.float32)
     if tuple(x_scale.shape) != (m, kb):
-        fail(op, "x_scale", f"shape {(m, kb)} (m, ceil(k / 128)): one per row and 128 columns "
+        fail(op, xs, f"shape {(m, kb)} (m, ceil(k / 128)): one per row and 128 columns "
              "of x", f"shape {tuple(x_scale.shape)}")
-    _non_negative_strides(op, "x_scale", x_scale)
+    _non_negative_strides(op, xs, x_scale)
     check_tensor(op, "w_scale", w_scale, 3, torch.float32)
     if tuple(w_scale.shape) != (num_groups, kb, nb):
         fail(op, "w_scale", f"shape {(num_groups, kb, nb)} (E, ceil(k / 128), ceil(n / 128)): "
@@ -155,11 +188,11 @@ def check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias=None, row_scale
         if num_groups > 1 and bias.stride(0) % 8:
             fail(op, "bias", "a row stride that is a multiple of 8 elements (16-byte rows)",
                  f"strides {bias.stride()}")
-    check_scales(op, "row_scale", row_scale, m, "one per row of x", "x", x)
+    check_scales(op, "row_scale", row_scale, m, f"one per row of {x_name}", x_name, x)
     if row_scale is not None and m > 1 and row_scale.stride(0) != 1:
         fail(op, "row_scale", "a contiguous tensor (call .contiguous())",
              f"strides {row_scale.stride()}")
-    check_same_device(op, "x", x, x_scale=x_scale, w=w, w_scale=w_scale, offs=offs, bias=bias)
+    check_same_device(op, x_name, x, **{xs: x_scale}, w=w, w_scale=w_scale, offs=offs, bias=bias)
 
 
 def reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias=None, row_scale=None,
@@ -180,10 +213,101 @@ def _fake_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale):
     return x.new_empty((x.shape[0], w.shape[2]), dtype=torch.bfloat16)
 
 
+# --- grouped_mm_fp8_act / _bwd: the fused activation epilogues on the FP8 GEMM ----------
+
+def check_grouped_mm_fp8_act_args(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit,
+                                  op: str = "grouped_mm_fp8_act") -> None:
+    """grouped_mm_fp8's rules (no row_scale) and a fused activation: w's n (the up width 2I,
+    columns interleaved (gate, linear) for a gated one) a multiple of 16 when gated."""
+    check_activation(activation, limit, op)
+    if activation == "none":
+        fail(op, "activation", "a fused activation (not 'none': use grouped_mm_fp8)",
+             repr(activation))
+    check_grouped_mm_fp8_args(x, x_scale, w, w_scale, offs, bias, None, op)
+    if is_gated(activation) and w.shape[2] % 16:
+        fail(op, "w", f"w.shape[2] (2I) a multiple of 16 for {activation!r} (interleaved "
+             "gate/linear pairs, 16-byte rows of h)", f"shape {tuple(w.shape)}")
+    check_act_params(alpha, limit, op)
+
+
+def reference_grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit):
+    """The op's (h, pre) from the reference (its CPU kernel)."""
+    check_grouped_mm_fp8_act_args(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+    return grouped_mm_fp8_act_ref(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+
+
+def _fake_grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit):
+    check_grouped_mm_fp8_act_args(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+    m, n = x.shape[0], w.shape[2]
+    h = n // 2 if is_gated(activation) else n
+    return (x.new_empty(m, h, dtype=torch.bfloat16), x.new_empty(m, n, dtype=torch.bfloat16))
+
+
+def check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                      prob_grad, activation, alpha, limit,
+                                      op: str = "grouped_mm_fp8_act_bwd") -> None:
+    """grouped_mm_fp8's rules for dy (m, H) e4m3 and w = W_down as the k-contiguous (E, H, I)
+    view (n = I); pre (m, 2I or I) bf16 with unit column stride; prob (m,) float32; prob_grad
+    needs prob; out_bias (E, H) bf16 only with prob_grad, and then dy_bf16 (dy unquantized,
+    (m, H) bf16 with unit column stride) for its term."""
+    check_activation(activation, limit, op)
+    check_grouped_mm_fp8_args(dy, dy_scale, w, w_scale, offs, None, prob, op, x_name="dy")
+    m, inter = dy.shape[0], w.shape[2]
+    width = 2 * inter if is_gated(activation) else inter
+    check_tensor(op, "pre", pre, 2, torch.bfloat16)
+    if tuple(pre.shape) != (m, width):
+        fail(op, "pre", f"shape {(m, width)}", f"shape {tuple(pre.shape)}")
+    if not unit_columns(pre):
+        fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
+    if prob_grad and prob is None:
+        fail(op, "prob", "a tensor when prob_grad is set", None)
+    if out_bias is not None:
+        if not prob_grad:
+            fail(op, "out_bias", "None unless prob_grad (it is only read for dprob)", "a tensor")
+        check_tensor(op, "out_bias", out_bias, 2, torch.bfloat16)
+        if tuple(out_bias.shape) != (w.shape[0], dy.shape[1]):
+            fail(op, "out_bias", f"shape {(w.shape[0], dy.shape[1])} (E, H)",
+                 f"shape {tuple(out_bias.shape)}")
+        if dy_bf16 is None:
+            fail(op, "dy_bf16", "the unquantized dy (bf16) when out_bias is given (its term of "
+                 "dprob)", None)
+    if dy_bf16 is not None:
+        check_tensor(op, "dy_bf16", dy_bf16, 2, torch.bfloat16)
+        if tuple(dy_bf16.shape) != tuple(dy.shape):
+            fail(op, "dy_bf16", f"dy's shape {tuple(dy.shape)}", f"shape {tuple(dy_bf16.shape)}")
+        if not unit_columns(dy_bf16):
+            fail(op, "dy_bf16", "unit column stride (call .contiguous())",
+                 f"strides {dy_bf16.stride()}")
+    check_same_device(op, "dy", dy, pre=pre, out_bias=out_bias, dy_bf16=dy_bf16)
+    check_act_params(alpha, limit, op)
+
+
+def reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                     prob_grad, activation, alpha, limit):
+    """The op's (dpre, prob * h, dprob) from the reference (its CPU kernel)."""
+    check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                      prob_grad, activation, alpha, limit)
+    return grouped_mm_fp8_act_bwd_ref(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
+                                      dy_bf16, prob_grad, activation, alpha, limit)
+
+
+def _fake_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                 prob_grad, activation, alpha, limit):
+    check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                      prob_grad, activation, alpha, limit)
+    m = dy.shape[0]
+    return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
+            pre.new_empty(m if prob_grad else 0, dtype=torch.float32))
+
+
 def _register() -> None:
     register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
+    register_kernels("quantize_fp8_128x1", _fake_128x1, reference_128x1)
     register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
+    register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
+    register_kernels("grouped_mm_fp8_act_bwd", _fake_grouped_mm_fp8_act_bwd,
+                     reference_grouped_mm_fp8_act_bwd)
 
 
 if _library.library_loaded():

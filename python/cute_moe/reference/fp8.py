@@ -16,7 +16,9 @@ from .groups import group_bounds
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "BLOCK", "quantize_1x128", "dequantize_1x128",
            "quantize_128x128", "dequantize_128x128", "group_row_blocks", "quantize_128x1",
-           "dequantize_128x1", "grouped_mm_fp8_ref", "grouped_mm_wgrad_fp8_ref"]
+           "dequantize_128x1", "grouped_mm_fp8_ref", "grouped_mm_wgrad_fp8_ref",
+           "grouped_mm_fp8_act_ref", "grouped_mm_fp8_act_bwd_ref", "quantize_128x1_t",
+           "dequantize_128x1_t"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite magnitude
@@ -113,6 +115,28 @@ def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, t
     return q, scale
 
 
+def quantize_128x1_t(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_128x1 laid out for the weight-gradient GEMM, which reads both operands k-major
+    (the routed rows contiguous): q_t (n, 128 * blocks) e4m3 with block b's rows in columns
+    128 b .. 128 b + 127 (zeros after its group's last row, and in the blocks no group uses),
+    and the same scale (blocks, n), blocks = ceil(m / 128) + groups."""
+    q, scale = quantize_128x1(x, offs)
+    m, n = x.shape
+    q_t = torch.zeros(n, BLOCK * scale.shape[0], dtype=FP8_DTYPE, device=x.device)
+    for start, end, first in group_row_blocks(offs, m):
+        for b, r in enumerate(range(start, end, BLOCK)):
+            stop = min(r + BLOCK, end)
+            col = BLOCK * (first + b)
+            q_t[:, col:col + stop - r] = q[r:stop].T
+    return q_t, scale
+
+
+def dequantize_128x1_t(q_t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 (n, 128 * blocks) values of quantize_128x1_t's output (each column block times its
+    scale row)."""
+    return q_t.float() * scale.t().repeat_interleave(BLOCK, dim=1)
+
+
 def dequantize_128x1(q: torch.Tensor, scale: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """fp32 values of quantize_128x1's output (padding rows zero)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -140,3 +164,28 @@ def grouped_mm_wgrad_fp8_ref(aq, a_scale, bq, b_scale, offs, out_dtype=torch.flo
     a = dequantize_128x1(aq, a_scale, offs)
     b = dequantize_128x1(bq, b_scale, offs)
     return grouped_mm_wgrad_ref(a, b, offs, out_dtype=out_dtype)
+
+
+def grouped_mm_fp8_act_ref(xq, x_scale, wq, w_scale, offs, bias=None, activation="swiglu_oai",
+                           alpha=1.702, limit=None):
+    """The FP8 up projection with its activation (cute_moe::fp8_act_forward): pre =
+    round_bf16(deq(x) @ deq(w)[e] + bias[e]) (fp32 math), h = round_bf16(act(pre)) from the
+    rounded pre; padding rows zero. Returns (h, pre), bf16; w's columns interleaved for a
+    gated activation."""
+    from .activation import act_ref
+    from .groups import zero_padding
+    pre = grouped_mm_fp8_ref(xq, x_scale, wq, w_scale, offs, bias).to(torch.bfloat16)
+    return zero_padding(act_ref(pre, activation, alpha, limit).to(torch.bfloat16), offs), pre
+
+
+def grouped_mm_fp8_act_bwd_ref(dyq, dy_scale, wq, w_scale, offs, pre, prob=None, out_bias=None,
+                               dy=None, prob_grad=False, activation="swiglu_oai", alpha=1.702,
+                               limit=None):
+    """The FP8 down projection's input gradient with the activation's backward
+    (cute_moe::fp8_act_backward): u = deq(dy) @ deq(w)[e] (fp32; w = W_down as (E, H, I)), then
+    the bf16 kernel's epilogue (reference.glu.act_bwd_epilogue_ref; dy, the unquantized
+    gradient, is read for out_bias's term of dprob). Returns (dpre, p * h, dprob)."""
+    from .glu import act_bwd_epilogue_ref
+    u = grouped_mm_fp8_ref(dyq, dy_scale, wq, w_scale, offs)
+    return act_bwd_epilogue_ref(u, dy, offs, pre, None, prob, out_bias, prob_grad, activation,
+                                alpha, limit)

@@ -14,7 +14,7 @@ from .groups import per_row, zero_padding
 
 __all__ = ["GATE_LINEAR", "as_interleaved", "as_gate_linear", "grouped_mm_swiglu_ref",
            "grouped_mm_swiglu_bwd_ref", "grouped_mm_act_ref", "grouped_mm_act_gathered_ref",
-           "grouped_mm_act_bwd_ref"]
+           "grouped_mm_act_bwd_ref", "act_bwd_epilogue_ref"]
 
 GATE_LINEAR = ("interleaved", "halves")  # where a gated up projection's (gate, linear) columns sit
 
@@ -91,8 +91,18 @@ def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
     dy * out_bias[e] (float32). Padding rows zero. Returns (dpre, hp, dprob) (dprob empty
     without prob_grad). pre is interleaved; gate_linear "halves" returns dpre as
     [dgate | dlinear]."""
-    m = dy.shape[0]
     u = grouped_mm_ref(dy, w, offs, out_dtype=torch.float32)
+    return act_bwd_epilogue_ref(u, dy, offs, pre, scale, prob, out_bias, prob_grad, activation,
+                                alpha, limit, gate_linear)
+
+
+def act_bwd_epilogue_ref(u: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, pre: torch.Tensor,
+                         scale: torch.Tensor | None, prob: torch.Tensor | None,
+                         out_bias: torch.Tensor | None, prob_grad: bool, activation: str,
+                         alpha: float, limit: float | None, gate_linear: str = "interleaved"):
+    """The fused backward's epilogue on u = dy @ W_down^T (float32, before scale and prob):
+    (dpre, hp, dprob) as grouped_mm_act_bwd_ref says; dy is read for out_bias's term only."""
+    m = u.shape[0]
     if scale is not None:
         u = u * per_row(scale, offs, m, torch.float32)[:, None]
     p = prob.to(torch.float32)[:, None] if prob is not None else None

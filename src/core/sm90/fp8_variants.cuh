@@ -1,6 +1,7 @@
-// The FP8 ragged-M variant (Fp8RaggedM): e4m3 x e4m3 with fp32 block scales (docs/fp8.md),
-// the plain ragged-M epilogue (bias, group and row scales, bf16 out). Only its translation
-// units include this.
+// The FP8 ragged-M variants: e4m3 x e4m3 with fp32 block scales (docs/fp8.md), with the plain
+// ragged-M epilogue (Fp8RaggedM: bias, group and row scales, bf16 out) or the fused activation
+// epilogues of the bf16 kernels (Fp8ActFwd, Fp8ActBwd). Only their translation units include
+// this.
 //
 // Mainloop: CUTLASS's ptr-array blockwise-scaled collective (the scales loaded by a second
 // producer warp with cp.async, one element per thread, predicated by the group's extents;
@@ -18,6 +19,7 @@
 
 #include <cutlass/detail/blockwise_scale_layout.hpp>
 
+#include "act_variants.cuh"  // ActForwardEpilogue, ActBackwardEpilogue
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
@@ -313,5 +315,13 @@ struct Fp8BlockScaledMainloopOf {
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
     : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, Fp8BlockScaledMainloopOf> {};
+// The bf16 kernels' fused activation epilogues (act_variants.cuh) after the FP8 mainloop. A
+// gated W's k-contiguous copy holds the interleaved (gate, linear) columns as adjacent rows,
+// so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
+template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
+    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf> {};
+template <Act A> struct VariantTraits<KernelVariant::Fp8ActBwd, A>
+    : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>,
+             Fp8BlockScaledMainloopOf> {};
 
 }  // namespace cute_moe::detail
