@@ -11,7 +11,9 @@
 #                 has no backward for it)
 # GPT-OSS-20B (swiglu_oai, biases) and Qwen3-30B-A3B (swiglu, no biases) dims, balanced
 # routing; TFLOP/s of the routed rows' GEMMs (backward: twice the forward's). Weight casts
-# are part of each FP8 side's call (they happen once per training step).
+# are part of each FP8 side's call (they happen once per training step). "bwd" times the
+# backward alone (after an untimed forward); "fwd+bwd x bf16" compares the sums;
+# "peak GiB": the peak allocation of one forward + backward beyond what was held before it.
 #
 #   python bench/bench_fp8_block.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 30] [--json out.json]
 #   python bench/bench_fp8_block.py --cpu-smoke     (tiny shapes on the CPU: the script's plumbing)
@@ -74,6 +76,22 @@ def make_block(key: str, m: int, sizes: list[int], device: str, seed: int, scale
     return t, offs, hdim, inter, blk["activation"]
 
 
+def peak_gib(fn, dy, leaves) -> float:
+    """GiB allocated at the peak of one forward + backward beyond what was allocated before it
+    (the leaves' gradients set to None first, so each side allocates its own)."""
+    import gc
+    for t in leaves.values():
+        if t is not None:
+            t.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn().backward(dy)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+
+
 def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None):
     import cute_moe
     from cute_moe import fp8
@@ -101,6 +119,7 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
                          cuda=device == "cuda")
     bwd = alternating_ms({k: backward_step(forward[k], lambda y: y.backward(dy)) for k in ("fp8", "bf16")},
                          reps, warmup, cuda=device == "cuda")
+    peaks = {k: peak_gib(forward[k], dy, t) for k in ("fp8", "bf16")} if device == "cuda" else {}
     flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
     rows = []
     for side in forward:
@@ -109,7 +128,7 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
         rows.append(dict(shape=key, side=side, m=m, hidden=hdim, inter=inter, experts=len(sizes),
                          fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9,
                          bwd_tflops=None if b_ms is None else 2 * flops / b_ms / 1e9,
-                         err_vs_bf16=errors.get(side)))
+                         err_vs_bf16=errors.get(side), peak_gib=peaks.get(side)))
     return rows
 
 
@@ -136,14 +155,16 @@ def main(argv=None) -> int:
     reps = 2 if args.cpu_smoke else args.reps
     print(f"expert block, balanced routing; {where}; median of {reps} calls per side, sides in turn")
     lines = [("shape", "side", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s", "fwd x bf16", "bwd x bf16",
-              "err vs bf16")]
+              "fwd+bwd x bf16", "peak GiB", "err vs bf16")]
     for r in rows:
         ref = next(b for b in rows if b["shape"] == r["shape"] and b["side"] == "bf16")
         lines.append((r["shape"], r["side"], fmt(r["fwd_ms"], ".3f"), fmt(r["fwd_tflops"], ".0f"),
                       fmt(r["bwd_ms"], ".3f"), fmt(r["bwd_tflops"], ".0f"),
                       fmt(ref["fwd_ms"] / r["fwd_ms"], ".2f"),
                       fmt(None if r["bwd_ms"] is None else ref["bwd_ms"] / r["bwd_ms"], ".2f"),
-                      fmt(r["err_vs_bf16"], ".1e")))
+                      fmt(None if r["bwd_ms"] is None else
+                          (ref["fwd_ms"] + ref["bwd_ms"]) / (r["fwd_ms"] + r["bwd_ms"]), ".2f"),
+                      fmt(r["peak_gib"], ".2f"), fmt(r["err_vs_bf16"], ".1e")))
     print_columns(lines, left=2)
     if args.json:
         write_json(args.json, run_meta(reps=reps), rows)

@@ -1,17 +1,18 @@
 """cute_moe.fp8.expert_ffn: the expert block with its four ragged-M GEMMs in FP8, the activation
 and its backward fused into the up projection and the down projection's input gradient (issue
 14's training path so far; docs/fp8.md)."""
-# One autograd.Function over the whole block. Each weight is cast once per forward (one
-# quantize_128x128 call: the transposed copy for the forward GEMM, the as-is copy for the input
-# gradient, kept for the backward); activations and gradients are quantized 1x128 right before
-# the GEMM that reads them. The up projection writes pre and h (bf16) from one FP8 kernel, the
+# Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so
+# that autograd frees pre between their backwards. Each weight is cast twice per step: the
+# transposed copy for the forward GEMM in the forward, the as-is copy for the input gradient in
+# the backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per
+# GPT-OSS-20B layer than the bf16 block keeps; recast, they cost one more read of the bf16
+# weights, ~0.5 ms a GPT-OSS-20B layer on an H100); activations and gradients are quantized
+# 1x128 right before the GEMM that reads them. The up projection writes pre and h (bf16) from one FP8 kernel, the
 # down projection's input gradient writes dpre, prob * h and dprob from another (the bf16
 # kernels' epilogues on the FP8 mainloop); the weight and bias gradients are the bf16 ops of
 # ffn_autograd (no FP8 ragged-K GEMM yet). On the CPU (or without the op library) cute_moe.fp8
 # runs its references.
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 
@@ -32,25 +33,23 @@ _OP = "fp8.expert_ffn"
 _BF16_PATH = "cute_moe.expert_ffn"
 
 
-class _Cast(NamedTuple):
-    """A weight (E, k, n) in e4m3 by 128x128 blocks, from one quantize_128x128 call: the
-    transposed copy (always: the forward GEMM's operand) and the as-is copy (when the input
-    gradient needs it; empty otherwise)."""
-    q: torch.Tensor        # (E, k, n) or empty
-    scale: torch.Tensor    # (E, ceil(k / 128), ceil(n / 128)) or empty
-    q_t: torch.Tensor      # (E, n, k)
-    scale_t: torch.Tensor  # (E, ceil(n / 128), ceil(k / 128))
-
-
-def _cast(w: torch.Tensor, as_is: bool) -> _Cast:
-    return _Cast(*quantize_128x128(w, as_is=as_is, transposed=True))
-
-
 def _operand(q: torch.Tensor, scale: torch.Tensor):
     """An FP8 GEMM's weight operand from one copy of a cast: q (E, n, k) as the k-contiguous
-    (E, k, n) view, its scales as (E, ceil(k / 128), ceil(n / 128)). From q_t: W (x @ W); from
-    the as-is q: W^T (dy @ W^T)."""
+    (E, k, n) view, its scales as (E, ceil(k / 128), ceil(n / 128)). From the transposed copy:
+    W (x @ W); from the as-is copy: W^T (dy @ W^T)."""
     return q.transpose(-2, -1), scale.transpose(-2, -1)
+
+
+def _transposed(w: torch.Tensor):
+    """The forward GEMM's operand of w (E, k, n): its transposed copy (E, n, k) in e4m3."""
+    _, _, q_t, scale_t = quantize_128x128(w, as_is=False, transposed=True)
+    return _operand(q_t, scale_t)
+
+
+def _as_is(w: torch.Tensor):
+    """The input gradient's operand of w: its as-is copy, cast again in the backward."""
+    q, scale, _, _ = quantize_128x128(w, as_is=True, transposed=False)
+    return _operand(q, scale)
 
 
 def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.Tensor:
@@ -59,75 +58,78 @@ def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.
     return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
 
 
-def _forward(x, w_up, w_down, offs, b_up, b_down, prob, act: Act, wu_as_is: bool, wd_as_is: bool):
-    """(y, pre, cast of w_up, cast of w_down)."""
-    wu, wd = _cast(w_up, wu_as_is), _cast(w_down, wd_as_is)
-    up = _operand(wu.q_t, wu.scale_t)
-    if act.name == "none":  # h = pre: a plain GEMM
-        h = pre = _fp8_mm(x, up, offs, b_up)
-    else:
-        xq, x_scale = quantize_1x128(x)
-        h, pre = grouped_mm_act_unchecked(xq, x_scale, *up, offs, b_up, act.name, act.alpha,
-                                          act.limit)
-    y = _fp8_mm(h, _operand(wd.q_t, wd.scale_t), offs, b_down, prob)
-    return y, pre, wu, wd
-
-
-class _Fp8ExpertFFN(torch.autograd.Function):
-    """(x, w_up, w_down, offs, b_up, b_down, prob, act) -> y; see expert_ffn."""
+class _Fp8UpProj(torch.autograd.Function):
+    """(x, W_up, offs, b_up, act) -> (h, pre) = (act(pre), x W_up + b_up), one FP8 kernel ("none":
+    a plain FP8 GEMM, h an empty placeholder: the caller uses pre). h only feeds _Fp8DownProj,
+    which hands pre its gradient: h is non-differentiable. Keeps x and the inputs; casts W_up's
+    as-is copy again in the backward."""
 
     @staticmethod
-    def forward(ctx, x, w_up, w_down, offs, b_up, b_down, prob, act):
-        need_x, need_wu, need_wd, _, need_bu, need_bd, need_prob = ctx.needs_input_grad[:7]
-        need_dpre = need_x or need_wu or need_bu
-        y, pre, wu, wd = _forward(x, w_up, w_down, offs, b_up, b_down, prob, act,
-                                  wu_as_is=need_x, wd_as_is=need_dpre or need_prob)
+    def forward(ctx, x, w_up, offs, b_up, act):
+        up = _transposed(w_up)
+        if act.name == "none":
+            pre = _fp8_mm(x, up, offs, b_up)
+            h = pre.new_empty(0)
+        else:
+            xq, x_scale = quantize_1x128(x)
+            h, pre = grouped_mm_act_unchecked(xq, x_scale, *up, offs, b_up, act.name, act.alpha,
+                                              act.limit)
+        ctx.mark_non_differentiable(h)
+        ctx.set_materialize_grads(False)
+        ctx.bias_dtype = b_up.dtype if b_up is not None else None
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w_up, offs)
+        return h, pre
+
+    @staticmethod
+    def backward(ctx, _grad_h, dpre):
+        x, w_up, offs = ctx.saved_tensors
+        need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
+        if dpre is None:
+            return None, None, None, None, None
+        dpre = dpre.contiguous()
+        dx = _fp8_mm(dpre, _as_is(w_up), offs) if need_x else None
+        dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
+        return dx, dw, None, db, None
+
+
+class _Fp8DownProj(torch.autograd.Function):
+    """(h, W_down, offs, b_down, pre, prob, act) -> y = prob * (h W_down + b_down), FP8. Keeps pre,
+    not h: the backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy)
+    W_down^T, dpre = act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>) and
+    returns dpre as pre's gradient, none for h. Autograd frees pre after this backward, before
+    _Fp8UpProj's allocates dW_up (as the bf16 block does)."""
+
+    @staticmethod
+    def forward(ctx, h, w_down, offs, b_down, pre, prob, act):
+        y = _fp8_mm(h, _transposed(w_down), offs, b_down, prob)
+        _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         ctx.act = act
-        ctx.bias_dtypes = (b_up.dtype if b_up is not None else None,
-                           b_down.dtype if b_down is not None else None)
-        # Kept: pre (bf16; the backward kernel recomputes h from it), the as-is casts the
-        # backward GEMMs read, and inputs (free).
-        keep_wd = need_dpre or need_prob
-        ctx.save_for_backward(
-            x if need_wu else None, w_up, w_down, offs, b_down if need_prob else None, prob,
-            pre if (need_dpre or need_wd or need_bd or need_prob) else None,
-            wu.q if need_x else None, wu.scale if need_x else None,
-            wd.q if keep_wd else None, wd.scale if keep_wd else None)
+        ctx.bias_dtype = b_down.dtype if b_down is not None else None
+        ctx.save_for_backward(pre if (need_w or need_pre or need_prob) else None, w_down, offs,
+                              b_down if need_prob else None, prob)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        (x, w_up, w_down, offs, b_down, prob, pre, wu_q, wu_s, wd_q, wd_s) = ctx.saved_tensors
-        need_x, need_wu, need_wd, _, need_bu, need_bd, need_prob = ctx.needs_input_grad[:7]
-        need_dpre = need_x or need_wu or need_bu
+        pre, w_down, offs, b_down, prob = ctx.saved_tensors
+        _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         act = ctx.act
-        bu_dtype, bd_dtype = ctx.bias_dtypes
         dy = dy.contiguous()
-        dx = dw_up = db_up = dw_down = db_down = dprob = None
-        dpre = hp = None
-        if need_dpre or need_prob:
-            # one kernel: dh = prob * (Q(dy) W_down^T), dpre = act'(pre) dh, hp = prob * act(pre),
-            # dprob = <act(pre), dy W_down^T> + <dy, b_down>
+        dpre = hp = dprob = None
+        if need_pre or need_prob:
             dyq, dy_scale = quantize_1x128(dy)
             with_bias = need_prob and b_down is not None
             dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
-                dyq, dy_scale, *_operand(wd_q, wd_s), offs, pre, prob,
-                b_down if with_bias else None, dy if with_bias else None, need_prob, act.name,
-                act.alpha, act.limit)
-            if not need_prob:
-                dprob = None
-        elif need_wd:
+                dyq, dy_scale, *_as_is(w_down), offs, pre, prob, b_down if with_bias else None,
+                dy if with_bias else None, need_prob, act.name, act.alpha, act.limit)
+            del dyq, dy_scale
+        elif need_w:
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
-        if need_wd or need_bd:
-            dw_down, db_down, _ = _param_grads(hp, dy, offs, w_down, need_wd,
-                                               bd_dtype if need_bd else None, row_scale=prob)
-        if need_wu or need_bu:
-            dw_up, db_up, _ = _param_grads(x, dpre, offs, w_up, need_wu,
-                                           bu_dtype if need_bu else None)
-        if need_x:
-            dx = _fp8_mm(dpre, _operand(wu_q, wu_s), offs)
-        return dx, dw_up, dw_down, None, db_up, db_down, dprob, None
+        dw, db, _ = _param_grads(hp, dy, offs, w_down, need_w, ctx.bias_dtype if need_b else None,
+                                 row_scale=prob)
+        return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
+                None)
 
 
 def _unsupported(what: str, hint: str = "") -> None:
@@ -172,8 +174,9 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     projection's input gradient (dy, W_down^T) with the activation's backward in its epilogue:
     dpre = act'(pre) * prob * (Q(dy) W_down^T), prob * h for the weight gradient, and
     dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>, from one kernel; and the up
-    projection's (dpre, W_up^T). Each weight is cast once per forward (as-is and transposed
-    copies from one pass); the backward reuses the casts.
+    projection's (dpre, W_up^T). Each weight is cast to e4m3 in the forward (its transposed
+    copy) and again in the backward (its as-is copy): the block keeps no FP8 copy of a weight
+    between the two (what it keeps is the bf16 block's: pre and its inputs).
     What is not yet: the weight gradients run on the bf16 ragged-K GEMM (dW_up = x^T dpre,
     dW_down = (prob h)^T dy) and the bias gradients are fp32 column sums of dpre and prob * dy
     (no FP8 ragged-K GEMM yet); the quantizations of x, h, dy and dpre are separate passes
@@ -226,7 +229,6 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     b_down = b_down.contiguous() if b_down is not None else None
     prob = prob.contiguous() if prob is not None else None
     act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
-    leaves = (x, w_up, w_down, b_up, b_down, prob)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in leaves):
-        return _Fp8ExpertFFN.apply(x, w_up, w_down, offs, b_up, b_down, prob, act)
-    return _forward(x, w_up, w_down, offs, b_up, b_down, prob, act, False, False)[0]
+    h, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act)
+    return _Fp8DownProj.apply(pre if act.name == "none" else h, w_down, offs, b_down, pre, prob,
+                              act)
