@@ -73,11 +73,32 @@ __global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, int64_t spans_per_ro
   if ((lane & 15) == 0 && blk < blocks_per_row) a.scale[row * blocks_per_row + blk] = scale;
 }
 
+constexpr int kTileThreads = 256;
+constexpr int kTilePad = 16;  // bytes of padding per smem row
+
+// Column t / 2 of a 128 x 128 e4m3 tile in shared memory, as 64 consecutive bytes (rows 64 (t % 2)
+// onward) of one row of a transposed output: four 16-byte stores to dst + that first row, the
+// rows from `valid` on left unwritten.
+__device__ __forceinline__ void store_transposed(const uint8_t (&tile)[kBlock][kBlock + kTilePad], int t, uint8_t* dst,
+                                                 int64_t valid) {
+  const int j = t / 2, half = t % 2;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // 16 rows per 16-byte store
+    const int k0 = half * 64 + 16 * c;
+    if (k0 >= valid) break;
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = uint32_t(tile[k0 + 4 * q][j]) | (uint32_t(tile[k0 + 4 * q + 1][j]) << 8) |
+             (uint32_t(tile[k0 + 4 * q + 2][j]) << 16) | (uint32_t(tile[k0 + 4 * q + 3][j]) << 24);
+    }
+    *reinterpret_cast<uint4*>(dst + k0) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // One CTA of 256 threads per 128 x 128 tile: thread t holds the 8 columns 8 (t % 16) .. +7
 // of rows t / 16 + 16 i (i < 8). q is stored as read; q_t through a shared-memory tile,
 // each thread writing 64 consecutive k of one output row.
-constexpr int kTileThreads = 256;
-constexpr int kTilePad = 16;  // bytes of padding per smem row
 
 __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
   __shared__ float warp_amax[kTileThreads / 32];
@@ -136,23 +157,10 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp
   }
   if (a.q_t == nullptr) return;
   __syncthreads();
-  const int j = t / 2, half = t % 2;  // output row (an n of the tile), its k half
+  const int j = t / 2;  // output row (an n of the tile)
   const int64_t out_row = nb * kBlock + j;
   if (out_row >= a.n) return;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {  // 16 k per 16-byte store
-    const int k0 = half * 64 + 16 * c;
-    const int64_t kk = kb * kBlock + k0;
-    if (kk >= a.k) break;
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      w[q] = uint32_t(tile[k0 + 4 * q][j]) | (uint32_t(tile[k0 + 4 * q + 1][j]) << 8) |
-             (uint32_t(tile[k0 + 4 * q + 2][j]) << 16) | (uint32_t(tile[k0 + 4 * q + 3][j]) << 24);
-    }
-    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * a.k + kk) =
-        make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * a.k + kb * kBlock, a.k - kb * kBlock);
 }
 
 // One CTA of 256 threads per (128-column tile, 128-row block of one group), the threads laid
@@ -255,21 +263,9 @@ __global__ void __launch_bounds__(kTileThreads) quantize_group_columns_kernel(Qu
     *reinterpret_cast<uint2*>(&tile[r0 + 16 * i][8 * cc]) = make_uint2(lo, hi);
   }
   __syncthreads();
-  const int j = t / 2, half = t % 2;  // output row (a column of x), its half of the block's rows
-  const int64_t out_row = cb * kBlock + j;
+  const int64_t out_row = cb * kBlock + t / 2;  // a column of x
   if (out_row >= a.cols) return;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {  // 16 rows per 16-byte store
-    const int k0 = half * 64 + 16 * c;
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      w[q] = uint32_t(tile[k0 + 4 * q][j]) | (uint32_t(tile[k0 + 4 * q + 1][j]) << 8) |
-             (uint32_t(tile[k0 + 4 * q + 2][j]) << 16) | (uint32_t(tile[k0 + 4 * q + 3][j]) << 24);
-    }
-    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock + k0) =
-        make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock, kBlock);
 }
 
 Result launched(const char* op) {

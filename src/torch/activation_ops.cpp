@@ -134,19 +134,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   }
   const int64_t pre_cols = is_gated(opts.activation) ? 2 * w.size(2) : w.size(2);
   check_ragged_m_operands(dy, w, offs);
-  check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
-  TORCH_CHECK(pre.size(0) == dy.size(0) && pre.size(1) == pre_cols, "cute_moe: pre must be (M, ", pre_cols,
-              ") = (", dy.size(0), ", ", pre_cols, ") for dy ", dy.sizes(), ", w ", w.sizes(), " and ", activation,
-              ", got ", pre.sizes());
-  check_row_major(pre, "pre");
-  TORCH_CHECK(!prob_grad || prob.has_value(), "cute_moe: prob_grad needs prob");
-  TORCH_CHECK(!out_bias.has_value() || prob_grad, "cute_moe: out_bias is only read for prob_grad");
-  if (out_bias.has_value()) {
-    check_cuda_tensor(*out_bias, "out_bias", at::kBFloat16, 2, dy);
-    TORCH_CHECK(out_bias->size(0) == w.size(0) && out_bias->size(1) == dy.size(1),
-                "cute_moe: out_bias must be (E, H) = (", w.size(0), ", ", dy.size(1), "), got ", out_bias->sizes());
-    check_row_major(*out_bias, "out_bias");
-  }
+  check_act_backward_tensors(pre, pre_cols, dy, w.size(0), prob, out_bias, prob_grad,
+                             "dy " + c10::str(dy.sizes()) + ", w " + c10::str(w.sizes()) + " and " + activation);
   const c10::cuda::CUDAGuard guard(dy.device());
   at::Tensor h = at::empty({dy.size(0), w.size(2)}, dy.options());
   at::Tensor dpre = at::empty({dy.size(0), pre_cols}, dy.options());

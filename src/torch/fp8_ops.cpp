@@ -205,19 +205,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
   check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, dy);
   const int64_t m = dy.size(0), inter = w.size(2);
   const int64_t pre_cols = is_gated(opts.activation) ? 2 * inter : inter;
-  check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
-  TORCH_CHECK(pre.size(0) == m && pre.size(1) == pre_cols, "cute_moe: pre must be (M, ", pre_cols, ") = (", m, ", ",
-              pre_cols, ") for dy ", dy.sizes(), ", w ", w.sizes(), " and ", activation, ", got ", pre.sizes());
-  check_row_major(pre, "pre");
-  TORCH_CHECK(!prob_grad || prob.has_value(), "cute_moe: prob_grad needs prob");
-  TORCH_CHECK(!out_bias.has_value() || prob_grad, "cute_moe: out_bias is only read for prob_grad");
-  if (out_bias.has_value()) {
-    check_cuda_tensor(*out_bias, "out_bias", at::kBFloat16, 2, dy);
-    TORCH_CHECK(out_bias->size(0) == w.size(0) && out_bias->size(1) == dy.size(1),
-                "cute_moe: out_bias must be (E, H) = (", w.size(0), ", ", dy.size(1), "), got ", out_bias->sizes());
-    check_row_major(*out_bias, "out_bias");
-    TORCH_CHECK(dy_bf16.has_value(), "cute_moe: out_bias's term of dprob reads dy_bf16 (the unquantized dy)");
-  }
+  check_act_backward_tensors(pre, pre_cols, dy, w.size(0), prob, out_bias, prob_grad,
+                             "dy " + c10::str(dy.sizes()) + ", w " + c10::str(w.sizes()) + " and " + activation);
+  TORCH_CHECK(!out_bias.has_value() || dy_bf16.has_value(),
+              "cute_moe: out_bias's term of dprob reads dy_bf16 (the unquantized dy)");
   if (dy_bf16.has_value()) {
     check_cuda_tensor(*dy_bf16, "dy_bf16", at::kBFloat16, 2, dy);
     TORCH_CHECK(dy_bf16->sizes() == dy.sizes(), "cute_moe: dy_bf16 must have dy's shape ", dy.sizes(), ", got ",

@@ -132,6 +132,28 @@ inline void check_ragged_m_operands(const at::Tensor& x, const at::Tensor& w, co
 }
 
 // Optional per-group bias (E, N) matching w (E, K, N).
+// The activation backward's extra tensors (act_backward, fp8_act_backward): pre (m, pre_cols)
+// bf16 row-major; prob needed for prob_grad; out_bias (E, H) bf16 row-major, only with
+// prob_grad. dy is (m, H), the experts E.
+inline void check_act_backward_tensors(const at::Tensor& pre, int64_t pre_cols, const at::Tensor& dy, int64_t experts,
+                                       const std::optional<at::Tensor>& prob,
+                                       const std::optional<at::Tensor>& out_bias, bool prob_grad,
+                                       const std::string& what) {
+  const int64_t m = dy.size(0);
+  check_cuda_tensor(pre, "pre", at::kBFloat16, 2, dy);
+  TORCH_CHECK(pre.size(0) == m && pre.size(1) == pre_cols, "cute_moe: pre must be (M, ", pre_cols, ") = (", m, ", ",
+              pre_cols, ") for ", what, ", got ", pre.sizes());
+  check_row_major(pre, "pre");
+  TORCH_CHECK(!prob_grad || prob.has_value(), "cute_moe: prob_grad needs prob");
+  TORCH_CHECK(!out_bias.has_value() || prob_grad, "cute_moe: out_bias is only read for prob_grad");
+  if (out_bias.has_value()) {
+    check_cuda_tensor(*out_bias, "out_bias", at::kBFloat16, 2, dy);
+    TORCH_CHECK(out_bias->size(0) == experts && out_bias->size(1) == dy.size(1), "cute_moe: out_bias must be (E, H) = (",
+                experts, ", ", dy.size(1), "), got ", out_bias->sizes());
+    check_row_major(*out_bias, "out_bias");
+  }
+}
+
 inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& w, const at::Tensor& x) {
   if (!bias.has_value()) return;
   check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);

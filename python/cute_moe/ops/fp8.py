@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from .. import _library
-from ..reference.fp8 import (FP8_DTYPE, grouped_mm_fp8_ref, quantize_1x128, quantize_128x1_t,
+from ..activation_args import check_act_params, check_activation, is_gated
+from ..reference.fp8 import (FP8_DTYPE, grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref,
+                             grouped_mm_fp8_ref, quantize_1x128, quantize_128x1_t,
                              quantize_128x128)
 from ..reference.groups import zero_padding
 from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
                      unit_columns)
-from ..activation_args import check_act_params, check_activation, is_gated
-from ..reference.fp8 import grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref
+from .glu import check_act_bwd_tensors
 from .registry import register_kernels
 
 __all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128",
@@ -104,7 +105,8 @@ def _row_blocks(m: int, groups: int) -> int:
 
 def _fake_128x1(x, offs):
     check_quantize_128x1_args(x, offs)
-    (m, n), b = x.shape, _row_blocks(x.shape[0], offs.shape[0])
+    m, n = x.shape
+    b = _row_blocks(m, offs.shape[0])
     return x.new_empty(n, 128 * b, dtype=FP8_DTYPE), x.new_empty(b, n, dtype=torch.float32)
 
 
@@ -252,25 +254,10 @@ def check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob,
     (m, H) bf16 with unit column stride) for its term."""
     check_activation(activation, limit, op)
     check_grouped_mm_fp8_args(dy, dy_scale, w, w_scale, offs, None, prob, op, x_name="dy")
-    m, inter = dy.shape[0], w.shape[2]
-    width = 2 * inter if is_gated(activation) else inter
-    check_tensor(op, "pre", pre, 2, torch.bfloat16)
-    if tuple(pre.shape) != (m, width):
-        fail(op, "pre", f"shape {(m, width)}", f"shape {tuple(pre.shape)}")
-    if not unit_columns(pre):
-        fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
-    if prob_grad and prob is None:
-        fail(op, "prob", "a tensor when prob_grad is set", None)
-    if out_bias is not None:
-        if not prob_grad:
-            fail(op, "out_bias", "None unless prob_grad (it is only read for dprob)", "a tensor")
-        check_tensor(op, "out_bias", out_bias, 2, torch.bfloat16)
-        if tuple(out_bias.shape) != (w.shape[0], dy.shape[1]):
-            fail(op, "out_bias", f"shape {(w.shape[0], dy.shape[1])} (E, H)",
-                 f"shape {tuple(out_bias.shape)}")
-        if dy_bf16 is None:
-            fail(op, "dy_bf16", "the unquantized dy (bf16) when out_bias is given (its term of "
-                 "dprob)", None)
+    check_act_bwd_tensors(op, dy, w, pre, prob, out_bias, prob_grad, activation)
+    if out_bias is not None and dy_bf16 is None:
+        fail(op, "dy_bf16", "the unquantized dy (bf16) when out_bias is given (its term of dprob)",
+             None)
     if dy_bf16 is not None:
         check_tensor(op, "dy_bf16", dy_bf16, 2, torch.bfloat16)
         if tuple(dy_bf16.shape) != tuple(dy.shape):
@@ -278,7 +265,7 @@ def check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob,
         if not unit_columns(dy_bf16):
             fail(op, "dy_bf16", "unit column stride (call .contiguous())",
                  f"strides {dy_bf16.stride()}")
-    check_same_device(op, "dy", dy, pre=pre, out_bias=out_bias, dy_bf16=dy_bf16)
+    check_same_device(op, "dy", dy, dy_bf16=dy_bf16)
     check_act_params(alpha, limit, op)
 
 

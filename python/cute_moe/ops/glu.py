@@ -97,15 +97,23 @@ def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_
     check_activation(activation, limit, op)
     check_gate_linear(op, gate_linear, activation)
     check_grouped_mm_args(dy, w, offs, None, op, {"x": "dy"})
+    check_scales(op, "scale", scale, w.shape[0], "one per group", "dy", dy)
+    check_scales(op, "prob", prob, dy.shape[0], "one per row of dy", "dy", dy)
+    check_act_bwd_tensors(op, dy, w, pre, prob, out_bias, prob_grad, activation)
+    check_act_params(alpha, limit, op)
+
+
+def check_act_bwd_tensors(op: str, dy, w, pre, prob, out_bias, prob_grad: bool,
+                          activation: str) -> None:
+    """The activation backward's extra tensors (grouped_mm_act_bwd, grouped_mm_fp8_act_bwd):
+    pre (m, 2I or I) bf16 with unit column stride; prob given for prob_grad; out_bias (E, H)
+    bf16 only with prob_grad; all on dy's device (dy (m, H), w (E, H, I))."""
     width = 2 * w.shape[2] if is_gated(activation) else w.shape[2]
     check_tensor(op, "pre", pre, 2, torch.bfloat16)
     if tuple(pre.shape) != (dy.shape[0], width):
         fail(op, "pre", f"shape {(dy.shape[0], width)}", f"shape {tuple(pre.shape)}")
     if not unit_columns(pre):
         fail(op, "pre", "unit column stride (call .contiguous())", f"strides {pre.stride()}")
-    check_same_device(op, "dy", dy, pre=pre)
-    check_scales(op, "scale", scale, w.shape[0], "one per group", "dy", dy)
-    check_scales(op, "prob", prob, dy.shape[0], "one per row of dy", "dy", dy)
     if prob_grad and prob is None:
         fail(op, "prob", "a tensor when prob_grad is set", None)
     if out_bias is not None:
@@ -115,8 +123,7 @@ def check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_
         if tuple(out_bias.shape) != (w.shape[0], dy.shape[1]):
             fail(op, "out_bias", f"shape {(w.shape[0], dy.shape[1])} (E, H)",
                  f"shape {tuple(out_bias.shape)}")
-        check_same_device(op, "dy", dy, out_bias=out_bias)
-    check_act_params(alpha, limit, op)
+    check_same_device(op, "dy", dy, pre=pre, out_bias=out_bias)
 
 
 # --- fake and CPU kernels (every argument given: see registry.py) ---------------------
