@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8 as _fp8
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
-from . import fp8 as _fp8
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from . import _library
-from .ops.checks import check_offs_values
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from .ops.checks import check_offs_values
 from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
                       check_grouped_mm_fp8_args, check_quantize_128x128_args,
                       check_quantize_128x1_args, check_quantize_1x128_args, reference_128x1,
@@ -18,8 +18,8 @@ from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bw
                       reference_grouped_mm_fp8_act, reference_grouped_mm_fp8_act_bwd)
 from .reference import fp8 as _ref
 
-__all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd",
-           "expert_ffn"]
+__all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "grouped_mm", "grouped_mm_act",
+           "grouped_mm_act_bwd", "expert_ffn"]
 
 
 def _op(x: torch.Tensor) -> bool:
