@@ -144,15 +144,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   a.gemm = ragged_m_args(dy, w, offs, std::nullopt, h);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", dy);
   a.gemm.row_scale = optional_scales(prob, "prob", dy.size(0), "M", dy);
-  a.pre = pre.data_ptr();
-  a.ldpre = row_stride(pre);
-  a.dpre = dpre.data_ptr();
-  a.lddpre = row_stride(dpre);
-  if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
-  if (out_bias.has_value()) {
-    a.out_bias = out_bias->data_ptr();
-    a.out_bias_stride = out_bias->stride(0);
-  }
+  set_act_backward_tensors(a, pre, dpre, dprob, prob_grad, out_bias);
   a.act = opts;
   a.dpre_layout = layout;
   if (a.gemm.m == 0) return {dpre, h, dprob};

@@ -72,10 +72,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
 std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_row_major(x, "x");
-  check_cuda_tensor(offs, "offs", at::kInt, 1, x);
-  TORCH_CHECK(offs.size(0) >= 1 && (offs.stride(0) == 1 || offs.size(0) == 1),
-              "cute_moe: offs must be a contiguous 1-D tensor with at least one group, got shape ", offs.sizes(),
-              " strides ", offs.strides());
+  check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
+  TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), n = x.size(1);
   const int64_t blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
@@ -222,14 +220,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
   Fp8ActBackwardArgs a;
   a.gemm = fp8_args(dy, dy_scale, w, w_scale, offs, std::nullopt, h);
   a.gemm.row_scale = optional_scales(prob, "prob", m, "M", dy);
-  a.pre = pre.data_ptr();
-  a.ldpre = row_stride(pre);
-  a.dpre = dpre.data_ptr();
-  a.lddpre = row_stride(dpre);
-  if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
-  if (out_bias.has_value()) {
-    a.out_bias = out_bias->data_ptr();
-    a.out_bias_stride = out_bias->stride(0);
+  set_act_backward_tensors(a, pre, dpre, dprob, prob_grad, out_bias);
+  if (out_bias.has_value()) {  // its term of dprob reads the unquantized dy
     a.dy = dy_bf16->data_ptr();
     a.lddy = row_stride(*dy_bf16);
   }

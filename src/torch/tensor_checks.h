@@ -154,6 +154,22 @@ inline void check_act_backward_tensors(const at::Tensor& pre, int64_t pre_cols, 
   }
 }
 
+// The activation backward's outputs and extra inputs into its arguments (ActBackwardArgs,
+// Fp8ActBackwardArgs): pre read, dpre written, dprob when prob_grad, out_bias for its term.
+template <typename Args>
+void set_act_backward_tensors(Args& a, const at::Tensor& pre, at::Tensor& dpre, at::Tensor& dprob, bool prob_grad,
+                              const std::optional<at::Tensor>& out_bias) {
+  a.pre = pre.data_ptr();
+  a.ldpre = row_stride(pre);
+  a.dpre = dpre.data_ptr();
+  a.lddpre = row_stride(dpre);
+  if (prob_grad) a.row_scale_grad = dprob.data_ptr<float>();
+  if (out_bias.has_value()) {
+    a.out_bias = out_bias->data_ptr();
+    a.out_bias_stride = out_bias->stride(0);
+  }
+}
+
 inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& w, const at::Tensor& x) {
   if (!bias.has_value()) return;
   check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);
