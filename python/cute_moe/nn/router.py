@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gate_logits import gate_logits, serves_on_tensor_cores
+
 __all__ = ["RouterOutput", "TopKRouter"]
 
 SCORE_FUNCS = ("softmax", "sigmoid")
@@ -25,7 +27,8 @@ class TopKRouter(nn.Module):
     """Routes each of T tokens to `top_k` of `num_experts` experts.
 
     logits = gate(x) computed in compute_dtype (default float32, as torchtitan does for
-    stable load balancing; None: x's dtype, as HF does), scores = softmax or sigmoid of
+    stable load balancing; None: x's dtype, as HF does; float32 with bf16 x and gate on a
+    GPU runs on tensor cores, same products, see gate_logits.py), scores = softmax or sigmoid of
     the logits; the experts are the top-k of scores (+ expert_bias when load balancing;
     the bias chooses, it never weights); the weights are the chosen scores, divided by
     their sum when `renormalize`, times `route_scale`.
@@ -103,8 +106,11 @@ class TopKRouter(nn.Module):
         Everything stays on x's device; nothing is read on the host."""
         cd = x.dtype if self.compute_dtype is None else torch.promote_types(self.compute_dtype,
                                                                              x.dtype)
-        b = self.gate.bias
-        logits = F.linear(x.to(cd), self.gate.weight.to(cd), None if b is None else b.to(cd))
+        b, w = self.gate.bias, self.gate.weight
+        if cd == torch.float32 and serves_on_tensor_cores(x, w):
+            logits = gate_logits(x, w, b)  # float32 sums of exact bf16 products (gate_logits.py)
+        else:
+            logits = F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
         k = self.top_k
         if self.expert_bias is None:
             # both score functions are monotone, so the top-k logits are the top-k scores
