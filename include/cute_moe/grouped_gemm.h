@@ -98,7 +98,8 @@ struct RaggedKGemmArgs {
 
 // out[e, :] = sum over the rows r of group e of row_scale[r] * src[r, :] (row_scale
 // optional, 1), accumulated in fp32, with a fixed summation order (the same input gives
-// the same bits). This is the bias gradient of a grouped GEMM (row_scale: of one whose
+// the same bits); optionally over gathered rows, and with each row's dot product with its
+// group's bias (below). This is the bias gradient of a grouped GEMM (row_scale: of one whose
 // output rows were scaled by it); ragged_k_gemm computes it alongside dw when given dbias.
 struct GroupColumnSumArgs {
   int64_t m = 0;  // rows of src
@@ -109,6 +110,21 @@ struct GroupColumnSumArgs {
   int64_t ld = 0;
   const float* row_scale = nullptr;  // optional fp32 (m,)
   float* out = nullptr;  // fp32 (num_groups, n) contiguous
+  // Optional gather: row r of the summed matrix is src[index[r]] (index: device int32
+  // (m,), each in [0, src_rows); src then has src_rows rows), and the gathered rows are
+  // also written to `gathered` (bf16 (m, n), row stride ld_gathered). In an MoE layer:
+  // the output gradient of the combine taken back to the expert-sorted rows, with its
+  // bias gradient, in one pass over it.
+  const int32_t* index = nullptr;
+  int64_t src_rows = 0;
+  void* gathered = nullptr;
+  int64_t ld_gathered = 0;
+  // Optional, with row_dot: row_dot[r] = (row r) . bias[group(r), :] in fp32, 0 for rows
+  // past offs[num_groups - 1]; bias bf16 (num_groups, n), row stride ld_bias. The bias
+  // term of the row-scale gradient of y = row_scale * (h @ W + bias), from the same pass.
+  const void* bias = nullptr;
+  int64_t ld_bias = 0;
+  float* row_dot = nullptr;  // fp32 (m,)
 };
 
 // Per-call choices that do not change the result. The core reads no environment

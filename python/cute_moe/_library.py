@@ -15,7 +15,8 @@ __all__ = ["ENV_VAR", "OPS", "library_path", "library_loaded", "load_error", "re
 ENV_VAR = "CUTE_MOE_LIBRARY"
 _BUILD_HINT = "build it from the repository root with `pip install --no-build-isolation .`"
 # Every op of the library that this package calls or registers kernels for.
-OPS = ("grouped_mm", "grouped_mm_wgrad", "grouped_column_sum", "grouped_mm_scaled",
+OPS = ("grouped_mm", "grouped_mm_wgrad", "grouped_column_sum", "grouped_bias_grads",
+       "grouped_mm_scaled",
        "grouped_mm_act", "grouped_mm_act_gathered", "grouped_mm_act_bwd", "grouped_mm_swiglu",
        "grouped_mm_swiglu_bwd", "gather_rows", "gather_sum_rows", "gather_rows_dot",
        "quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1", "grouped_mm_fp8",

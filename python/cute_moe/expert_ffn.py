@@ -14,8 +14,9 @@ from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
-from .ops.permute import check_permute_args
+from .ops.permute import check_permute_args, check_unpermute_args
 from .permute import permute as _permute
+from .permute import unpermute as _unpermute
 
 __all__ = ["expert_ffn", "PRECISIONS", "check_precision"]
 
@@ -33,6 +34,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
                swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
                gather: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+               combine: tuple[torch.Tensor, torch.Tensor] | None = None,
                gate_linear: str = "interleaved", precision: str = "bf16") -> torch.Tensor:
     """The expert block of an MoE layer on routed rows sorted by expert:
         pre = scale_up[e] * (x[r] @ w_up[e]) + b_up[e]
@@ -69,11 +71,16 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        a gated or srelu activation, w_up contiguous along 2I) the gather happens inside the
        GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
        Hopper (docs/perf-notes.md); elsewhere x is gathered first. Same result either way.
+    combine: (row_token (M,), token_rows (T, k)) int32 (cute_moe.permute's pair, M = T*k):
+       return the tokens' outputs out[t] = sum_j y[token_rows[t, j]], (T, H), instead of y:
+       cute_moe.permute.unpermute(y, token_rows, row_token) with its backward joined to the
+       down projection's, which then gathers y's gradient and computes b_down's gradient and
+       the bias term of prob's gradient in the same pass over it. Same result.
     precision: "bf16" (the fused bf16 kernels) or "fp8": the block's ragged-M GEMMs in FP8
        with DeepSeek-V3's block scales (cute_moe.fp8.expert_ffn, docs/fp8.md; it takes the
        default layout only and raises NotImplementedError naming this bf16 path for the rest:
        transposed weight views, halves, gather, scale_up / scale_down).
-    Returns y (M, H) bf16. Differentiable with respect to every tensor argument but offs.
+    Returns y (M, H) bf16 ((T, H) with combine). Differentiable with respect to every tensor argument but offs.
     A bad offs (decreasing, negative or past M) stops the kernel with a message and a
     trap that leaves the CUDA context unusable; cute_moe.set_offs_check(True) (or
     CUTE_MOE_CHECK_OFFS=1) checks it on the host first and raises ValueError (a sync per
@@ -82,10 +89,11 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     op = "expert_ffn"
     check_precision(op, precision)
     if precision == "fp8":
-        return _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
-                               prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
-                               scale_up=scale_up, scale_down=scale_down, gather=gather,
-                               gate_linear=gate_linear)
+        y = _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
+                            prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
+                            scale_up=scale_up, scale_down=scale_down, gather=gather,
+                            gate_linear=gate_linear)
+        return y if combine is None else _unpermute(y, combine[1], combine[0])
     limit = resolve_limit(activation, limit)
     check_activation(activation, limit, op)
     check_act_params(swiglu_alpha, limit, op, {"alpha": "swiglu_alpha"})
@@ -116,6 +124,12 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_grouped_mm_args(_h_like(x, m, inter), w_down, offs, b_down, op=op,
                           names={"x": "h", "w": "w_down", "bias": "b_down"})
     check_offs_values(op, offs, m, "x" if rows is None else "gather's rows")
+    if combine is not None:
+        if not (isinstance(combine, (tuple, list)) and len(combine) == 2):
+            raise ValueError(f"cute_moe.{op}: combine: expected (row_token, token_rows), got "
+                             f"{combine!r:.80}")
+        check_unpermute_args(_h_like(x, m, hidden), combine[1], combine[0], op=op)
+        combine = (combine[0].contiguous(), combine[1].contiguous())
     if prob is not None and isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
         prob = prob.to(torch.float32)
     check_scales(op, "prob", prob, m, "one per routed row", "x", x)
@@ -123,9 +137,9 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
     if activation == "none":  # h = pre: the down projection keeps h as its "pre"
         h = ScaledMM.apply(x, w_up, offs, b_up, scale_up)
-        return DownProj.apply(h, w_down, offs, b_down, h, prob, scale_down, act)
+        return DownProj.apply(h, w_down, offs, b_down, h, prob, scale_down, act, combine)
     h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows)
-    return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act)
+    return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine)
 
 
 def _h_like(x, m, inter):

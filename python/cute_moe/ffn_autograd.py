@@ -13,9 +13,10 @@ import torch
 
 from . import _library
 from .reference.activation import act_bwd_ref, act_ref
-from .reference.gemm import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref,
-                             grouped_mm_wgrad_ref)
+from .reference.gemm import (grouped_bias_grad_ref, grouped_bias_grads_ref, grouped_mm_ref,
+                             grouped_mm_scaled_ref, grouped_mm_wgrad_ref)
 from .reference.glu import as_gate_linear, grouped_mm_act_bwd_ref, grouped_mm_act_ref
+from .reference.permute import permute_ref, unpermute_ref
 
 __all__ = ["Act", "UpProj", "DownProj", "ScaledMM", "gathered_ok"]
 
@@ -75,6 +76,33 @@ def _column_sum(src, offs, row_scale=None):
         return torch.ops.cute_moe.grouped_column_sum(src, offs, row_scale) if row_scale is not None \
             else torch.ops.cute_moe.grouped_column_sum(src, offs)
     return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _output_grads(dout, offs, prob, bias, need_db, row_token):
+    """dy = dout, or dout[row_token] when dout is the gradient of a combine (the rows of
+    token t summed: the backward gathers), and from the same pass over dy: db (E, N)
+    float32 = the column sums of prob * dy per expert when need_db, and bias_dot (M,)
+    float32 = dy[r] . bias[e] when a bias is given (prob's gradient's bias term). One read
+    of dy instead of one per quantity (cute_moe::grouped_bias_grads)."""
+    if not need_db and bias is None:
+        if row_token is None:
+            return dout, None, None
+        if _library.library_loaded():
+            return torch.ops.cute_moe.gather_rows(dout, row_token, None), None, None
+        return permute_ref(dout, row_token), None, None
+    if _library.library_loaded():
+        db, bias_dot, gathered = torch.ops.cute_moe.grouped_bias_grads(dout, offs, prob, bias, row_token)
+    else:
+        db, bias_dot, gathered = grouped_bias_grads_ref(dout, offs, prob, bias, row_token)
+    return (gathered if row_token is not None else dout, db if need_db else None,
+            bias_dot if bias is not None else None)
+
+
+def _combine(y, token_rows):
+    """out[t] = sum_j y[token_rows[t, j]] (cute_moe.permute.unpermute without weights)."""
+    if _library.library_loaded():
+        return torch.ops.cute_moe.gather_sum_rows(y, token_rows, None)
+    return unpermute_ref(y, token_rows, None)
 
 
 def _wgrad(a, dy, offs, w, out_dtype):
@@ -176,47 +204,66 @@ class UpProj(torch.autograd.Function):
 
 
 class DownProj(torch.autograd.Function):
-    """(h, W_down, offs, b_down, pre, prob, scale_down) -> out = prob[r] * (scale_down[e] *
-    (h @ W_down[e]) + b_down[e]). Keeps pre, not h: backward gets (dpre, prob * h, dprob)
-    from one fused GEMM and returns dpre as pre's gradient and none for h (the gradient h
-    would get reaches the same leaves through pre). For "none", h is pre (the same
-    tensor is passed twice)."""
+    """(h, W_down, offs, b_down, pre, prob, scale_down, act[, combine]) -> out = prob[r] *
+    (scale_down[e] * (h @ W_down[e]) + b_down[e]). Keeps pre, not h: backward gets (dpre,
+    prob * h, dprob) from one fused GEMM and returns dpre as pre's gradient and none for h
+    (the gradient h would get reaches the same leaves through pre). For "none", h is pre
+    (the same tensor is passed twice).
+    combine (row_token (M,), token_rows (T, k)): returns the tokens' sums of their rows,
+    out_t[t] = sum_j out[token_rows[t, j]] (an MoE layer's combine), so that the backward
+    gathers the rows' gradient and the bias-side gradients (db, prob's bias term) in one
+    pass (_output_grads)."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, bias, pre, prob, scale, act):
+    def forward(ctx, h, w, offs, bias, pre, prob, scale, act, combine=None):
         out = _scaled_mm(h, w, offs, bias, scale, prob)
         _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
         ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
         keep_pre = need_w or need_pre or need_prob or need_scale or (need_b and prob is not None)
+        row_token = None
+        if combine is not None:
+            row_token, token_rows = combine
+            out = _combine(out, token_rows)
         ctx.save_for_backward(pre if keep_pre else None, w, offs, bias if need_prob else None,
-                              prob, scale)
+                              prob, scale, row_token)
         return out
 
     @staticmethod
-    def backward(ctx, dy):
-        pre, w, offs, bias, prob, scale = ctx.saved_tensors
+    def backward(ctx, dout):
+        pre, w, offs, bias, prob, scale, row_token = ctx.saved_tensors
         _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
         act = ctx.act
-        dy = dy.contiguous()
+        dout = dout.contiguous()
+        # The bias side from the pass that gathers dy (combine) or from one pass of its own:
+        # db where prob scales the rows (else the weight-gradient op sums dy), and the bias
+        # term of prob's gradient.
+        db_here = need_b and (prob is not None or row_token is not None)
+        dot_here = need_prob and bias is not None
+        dy, db, bias_dot = _output_grads(dout, offs, prob, bias if dot_here else None, db_here,
+                                         row_token)
         dpre = hp = dprob = None
         if act.name == "none" and prob is None:  # a plain input gradient; h is pre
             if need_pre:
                 dpre = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale)
             hp = pre
         elif need_pre or need_prob:
-            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, bias,
-                                       need_prob, act)
+            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob,
+                                       None if dot_here else bias, need_prob, act)
             if not need_prob:
                 dprob = None
+            elif bias_dot is not None:
+                dprob = dprob + bias_dot
         elif need_w or need_scale:
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
-        dw, db, dscale = _param_grads(hp, dy, offs, w, need_w, ctx.bias_dtype if need_b else None,
-                                      scale, need_scale, row_scale=prob)
+        dw, db_w, dscale = _param_grads(hp, dy, offs, w, need_w,
+                                        ctx.bias_dtype if need_b and not db_here else None,
+                                        scale, need_scale, row_scale=prob)
+        db = db.to(ctx.bias_dtype) if db_here else db_w
         if not need_pre:
             dpre = None
-        return None, dw, None, db, dpre, dprob, dscale, None
+        return None, dw, None, db, dpre, dprob, dscale, None, None
 
 
 class ScaledMM(torch.autograd.Function):

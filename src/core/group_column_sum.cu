@@ -30,24 +30,142 @@ __device__ __forceinline__ void store_f32x8(float* dst, const float acc[8]) {
   reinterpret_cast<float4*>(dst)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
 }
 
-// Pass 1: one block per (row chunk, 8*kThreads columns).
-__global__ void column_sum_partials_kernel(const __nv_bfloat16* src, int64_t m, int64_t n, int64_t ld,
-                                           const float* row_scale, const int32_t* offs, int32_t num_groups,
-                                           float* partial) {
-  const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
-  if (col >= n) return;
-  const int64_t chunk = blockIdx.x;
-  const int64_t chunk_end = min(chunk * kColumnSumChunkRows + kColumnSumChunkRows, rows_in_use(offs, num_groups, m));
-  int64_t r = chunk * kColumnSumChunkRows;
-  for (int32_t g = group_of_row(offs, num_groups, r); r < chunk_end && g < num_groups; ++g) {
-    const int64_t seg_end = min(static_cast<int64_t>(offs[g]), chunk_end);
-    if (seg_end <= r) continue;  // empty group: no slot
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-    for (; r < seg_end; ++r) {
-      add_bf16x8(acc, *reinterpret_cast<const uint4*>(src + r * ld + col), row_scale != nullptr ? row_scale[r] : 1.0f);
+// The kernels' view of GroupColumnSumArgs.
+struct Pass {
+  const __nv_bfloat16* src;
+  int64_t ld;
+  int64_t src_rows;
+  const int32_t* index;       // kGather
+  __nv_bfloat16* gathered;    // kGather
+  int64_t ld_gathered;
+  const float* row_scale;
+  const __nv_bfloat16* bias;  // kRowDot
+  int64_t ld_bias;
+  float* dot_partial;         // kRowDot: (row_dot_slices(n), m)
+  int64_t m;
+  int64_t n;
+  const int32_t* offs;
+  int32_t num_groups;
+  float* partial;
+};
+
+// Row r's 8 columns at col (zeros for a thread past n): src[r], or src[index[r]] copied to
+// gathered[r]. A bad index would be an out-of-bounds read: report it and stop the kernel.
+template <bool kGather>
+__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active) {
+  int64_t s = r;
+  if constexpr (kGather) {
+    const int32_t v = p.index[r];
+    if (v < 0 || v >= p.src_rows) {
+      if (threadIdx.x == 0) {
+        printf("cute_moe group_column_sum: invalid index at row %lld: %d is not a row of src, which has %lld rows\n",
+               static_cast<long long>(r), v, static_cast<long long>(p.src_rows));
+      }
+      __trap();
     }
-    store_f32x8(partial + column_sum_slot(chunk, g) * n + col, acc);
+    s = v;
+  }
+  if (!active) return make_uint4(0, 0, 0, 0);
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.src + s * p.ld + col));
+  if constexpr (kGather) *reinterpret_cast<uint4*>(p.gathered + r * p.ld_gathered + col) = v;
+  return v;
+}
+
+__device__ __forceinline__ float dot_bf16x8(uint4 a, uint4 b) {
+  const __nv_bfloat162* ha = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(ha[i]);
+    const float2 fb = __bfloat1622float2(hb[i]);
+    acc = fmaf(fa.x, fb.x, acc);
+    acc = fmaf(fa.y, fb.y, acc);
+  }
+  return acc;
+}
+
+// The same butterfly every time: the result is reproducible.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Four rows' sums over the warp in 6 shuffles instead of 20: the first two steps halve the
+// values each lane holds while adding (lanes with bit 4 keep rows 2, 3; then bit 3 picks one
+// of the two), the last three add the rest. Lane L ends with the sum of row
+// 2 * bit4(L) + bit3(L); the same steps every time, so the result is reproducible.
+__device__ __forceinline__ float warp_sum4(const float v[4], int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const bool hi16 = lane & 16, hi8 = lane & 8;
+  float a = hi16 ? v[2] : v[0], b = hi16 ? v[3] : v[1];
+  a += __shfl_xor_sync(kAll, hi16 ? v[0] : v[2], 16);
+  b += __shfl_xor_sync(kAll, hi16 ? v[1] : v[3], 16);
+  float s = hi8 ? b : a;
+  s += __shfl_xor_sync(kAll, hi8 ? a : b, 8);
+  s += __shfl_xor_sync(kAll, s, 4);
+  s += __shfl_xor_sync(kAll, s, 2);
+  s += __shfl_xor_sync(kAll, s, 1);
+  return s;
+}
+
+// Pass 1: one block per (row chunk, 8*kThreads columns). With kRowDot every lane of a warp
+// takes part in the row sums, so threads past n stay (with zeros) unless their whole warp is.
+template <bool kGather, bool kRowDot>
+__global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
+  const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
+  const bool active = col < p.n;
+  const int64_t slice = col / kRowDotSliceColumns;  // the same in the whole warp
+  if (!kRowDot && !active) return;
+  if (kRowDot && slice * kRowDotSliceColumns >= p.n) return;  // warp-uniform
+  const bool dot_writer = kRowDot && (threadIdx.x % 32) == 0;
+  const int64_t chunk = blockIdx.x;
+  const int64_t chunk_begin = chunk * kColumnSumChunkRows;
+  const int64_t chunk_rows_end = min(chunk_begin + kColumnSumChunkRows, p.m);
+  const int64_t used = rows_in_use(p.offs, p.num_groups, p.m);
+  const int64_t chunk_end = min(chunk_rows_end, used);
+  int64_t r = chunk_begin;
+  for (int32_t g = group_of_row(p.offs, p.num_groups, r); r < chunk_end && g < p.num_groups; ++g) {
+    const int64_t seg_end = min(static_cast<int64_t>(p.offs[g]), chunk_end);
+    if (seg_end <= r) continue;  // empty group: no slot
+    uint4 b = make_uint4(0, 0, 0, 0);
+    if constexpr (kRowDot) {
+      if (active) b = __ldg(reinterpret_cast<const uint4*>(p.bias + g * p.ld_bias + col));
+    }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // Rows four at a time (their loads in flight together), then one at a time; either
+    // way each column adds its rows in row order.
+    for (; r + 4 <= seg_end; r += 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = load_row<kGather>(p, r + u, col, active);
+      float d[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        add_bf16x8(acc, v[u], p.row_scale != nullptr ? p.row_scale[r + u] : 1.0f);
+        if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b);
+      }
+      if constexpr (kRowDot) {
+        const int lane = threadIdx.x % 32;
+        const float sum = warp_sum4(d, lane);
+        if ((lane & 7) == 0) p.dot_partial[slice * p.m + r + 2 * ((lane >> 4) & 1) + ((lane >> 3) & 1)] = sum;
+      }
+    }
+    for (; r < seg_end; ++r) {
+      const uint4 v = load_row<kGather>(p, r, col, active);
+      add_bf16x8(acc, v, p.row_scale != nullptr ? p.row_scale[r] : 1.0f);
+      if constexpr (kRowDot) {
+        const float d = warp_sum(dot_bf16x8(v, b));
+        if (dot_writer) p.dot_partial[slice * p.m + r] = d;
+      }
+    }
+    if (active) store_f32x8(p.partial + column_sum_slot(chunk, g) * p.n + col, acc);
+  }
+  // Padding rows (past offs[num_groups - 1]): gathered, not summed; their row dot is 0.
+  for (r = max(chunk_begin, chunk_end); r < chunk_rows_end; ++r) {
+    if constexpr (kGather) load_row<kGather>(p, r, col, active);
+    if (dot_writer) p.dot_partial[slice * p.m + r] = 0.0f;
   }
 }
 
@@ -74,21 +192,58 @@ __global__ void column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* of
   store_f32x8(out + static_cast<int64_t>(g) * n + col, acc);
 }
 
+// Pass 2 of the row dots: one thread per row, slices added in order.
+__global__ void row_dot_reduce_kernel(int64_t m, int64_t slices, const float* dot_partial, float* row_dot) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= m) return;
+  float acc = 0.0f;
+  for (int64_t s = 0; s < slices; ++s) acc += dot_partial[s * m + r];
+  row_dot[r] = acc;
+}
+
+template <bool kGather, bool kRowDot>
+void launch_partials(const Pass& p, int64_t chunks, unsigned col_blocks, cudaStream_t stream) {
+  column_sum_partials_kernel<kGather, kRowDot>
+      <<<dim3(static_cast<unsigned>(chunks), col_blocks), kThreads, 0, stream>>>(p);
+}
+
 }  // namespace
 
-cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const float* row_scale,
-                                   const int32_t* offs, int32_t num_groups, float* out, float* workspace,
-                                   cudaStream_t stream) {
-  const unsigned col_blocks = static_cast<unsigned>((n / 8 + kThreads - 1) / kThreads);
-  const int64_t chunks = column_sum_chunks(m);
+cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspace, cudaStream_t stream) {
+  const unsigned col_blocks = static_cast<unsigned>((a.n / 8 + kThreads - 1) / kThreads);
+  const int64_t chunks = column_sum_chunks(a.m);
+  float* dot_partial = workspace + (chunks + a.num_groups) * a.n;
+  const Pass p{static_cast<const __nv_bfloat16*>(a.src),
+               a.ld,
+               a.src_rows,
+               a.index,
+               static_cast<__nv_bfloat16*>(a.gathered),
+               a.ld_gathered,
+               a.row_scale,
+               static_cast<const __nv_bfloat16*>(a.bias),
+               a.ld_bias,
+               dot_partial,
+               a.m,
+               a.n,
+               a.offs,
+               a.num_groups,
+               workspace};
+  const bool gather = a.index != nullptr, row_dot = a.row_dot != nullptr && a.bias != nullptr;
   if (chunks > 0) {
-    column_sum_partials_kernel<<<dim3(static_cast<unsigned>(chunks), col_blocks), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(src), m, n, ld, row_scale, offs, num_groups, workspace);
+    if (gather && row_dot) launch_partials<true, true>(p, chunks, col_blocks, stream);
+    else if (gather) launch_partials<true, false>(p, chunks, col_blocks, stream);
+    else if (row_dot) launch_partials<false, true>(p, chunks, col_blocks, stream);
+    else launch_partials<false, false>(p, chunks, col_blocks, stream);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  column_sum_reduce_kernel<<<dim3(static_cast<unsigned>(num_groups), col_blocks), kThreads, 0, stream>>>(
-      m, n, offs, num_groups, workspace, out);
+  column_sum_reduce_kernel<<<dim3(static_cast<unsigned>(a.num_groups), col_blocks), kThreads, 0, stream>>>(
+      a.m, a.n, a.offs, a.num_groups, workspace, a.out);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || !row_dot || a.m == 0) return err;
+  constexpr int kRowThreads = 256;
+  row_dot_reduce_kernel<<<static_cast<unsigned>((a.m + kRowThreads - 1) / kRowThreads), kRowThreads, 0, stream>>>(
+      a.m, row_dot_slices(a.n), dot_partial, a.row_dot);
   return cudaGetLastError();
 }
 

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cute_moe/grouped_gemm.h"
 #include "host_device.h"
 
 namespace cute_moe::detail {
@@ -25,15 +26,21 @@ CUTE_MOE_HOST_DEVICE int64_t column_sum_chunks(int64_t m) { return (m + kColumnS
 // The slot of the partial sum of chunk c restricted to group g.
 CUTE_MOE_HOST_DEVICE int64_t column_sum_slot(int64_t chunk, int64_t group) { return chunk + group; }
 
-// fp32 scratch the two passes need.
-inline size_t column_sum_workspace_bytes(int64_t m, int64_t n, int32_t num_groups) {
-  return static_cast<size_t>(column_sum_chunks(m) + num_groups) * static_cast<size_t>(n) * sizeof(float);
+// Row-dot partials: each warp of pass 1 covers 32 lanes x 8 columns of a row and writes its
+// part of the row's dot product with the bias; pass 2 adds a row's parts in order.
+constexpr int64_t kRowDotSliceColumns = 256;
+CUTE_MOE_HOST_DEVICE int64_t row_dot_slices(int64_t n) { return (n + kRowDotSliceColumns - 1) / kRowDotSliceColumns; }
+
+// fp32 scratch the two passes need (with_row_dot: also the row-dot partials, slices x m).
+inline size_t column_sum_workspace_bytes(int64_t m, int64_t n, int32_t num_groups, bool with_row_dot = false) {
+  size_t bytes = static_cast<size_t>(column_sum_chunks(m) + num_groups) * static_cast<size_t>(n) * sizeof(float);
+  if (with_row_dot) bytes += static_cast<size_t>(row_dot_slices(n)) * static_cast<size_t>(m) * sizeof(float);
+  return bytes;
 }
 
-// out[g, :] = sum over rows r of group g of row_scale[r] * src[r, :] (bf16 src with row
-// pitch ld, n % 8 == 0; row_scale optional, 1).
-cudaError_t launch_group_column_sum(const void* src, int64_t m, int64_t n, int64_t ld, const float* row_scale,
-                                   const int32_t* offs, int32_t num_groups, float* out, float* workspace,
-                                   cudaStream_t stream);
+// GroupColumnSumArgs (grouped_gemm.h), validated: out[g, :] = sum over rows r of group g of
+// row_scale[r] * row_r (bf16 rows: src[r] or, with an index, src[index[r]], also copied to
+// gathered), and row_dot[r] = row_r . bias[group(r)] when given.
+cudaError_t launch_group_column_sum(const GroupColumnSumArgs& args, float* workspace, cudaStream_t stream);
 
 }  // namespace cute_moe::detail

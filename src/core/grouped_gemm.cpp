@@ -307,8 +307,15 @@ Result run(const Fp8ActBackwardArgs& a, const detail::GemmProblem& p, const Plan
 Result run(const RaggedKGemmArgs& args, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
   Result r = enqueue_gemm(p, plan, ws, stream);
   if (!r.ok() || args.dbias == nullptr) return r;
-  cudaError_t err = detail::launch_group_column_sum(args.dy, args.m, args.n, args.lddy, nullptr, args.offs,
-                                                    args.num_groups, args.dbias, plan.scratch(ws), stream);
+  GroupColumnSumArgs sum;
+  sum.m = args.m;
+  sum.n = args.n;
+  sum.num_groups = args.num_groups;
+  sum.offs = args.offs;
+  sum.src = args.dy;
+  sum.ld = args.lddy;
+  sum.out = args.dbias;
+  cudaError_t err = detail::launch_group_column_sum(sum, plan.scratch(ws), stream);
   return err == cudaSuccess ? Result::success() : cuda_error("ragged_k_gemm bias-gradient kernel", err);
 }
 
@@ -454,7 +461,7 @@ Result workspace_size(const ActBackwardArgs& args, size_t* bytes, const GemmOpti
 
 Result workspace_size(const GroupColumnSumArgs& args, size_t* bytes) {
   Result r = validate(args);
-  if (r.ok()) *bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  if (r.ok()) *bytes = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups, args.row_dot != nullptr);
   return r;
 }
 
@@ -462,14 +469,13 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
                         cudaStream_t stream) {
   Result r = validate(args);
   if (!r.ok()) return r;
-  const size_t need = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups);
+  const size_t need = detail::column_sum_workspace_bytes(args.m, args.n, args.num_groups, args.row_dot != nullptr);
   if (workspace_bytes < need || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return Result::error(Status::kInvalidArgument, "group_column_sum: workspace must be a 16-byte aligned device "
                                                    "pointer to at least " + std::to_string(need) + " bytes, got " +
                                                    std::to_string(workspace_bytes));
   }
-  cudaError_t err = detail::launch_group_column_sum(args.src, args.m, args.n, args.ld, args.row_scale, args.offs,
-                                                    args.num_groups, args.out, static_cast<float*>(workspace), stream);
+  cudaError_t err = detail::launch_group_column_sum(args, static_cast<float*>(workspace), stream);
   return err == cudaSuccess ? Result::success() : cuda_error("group_column_sum kernel", err);
 }
 

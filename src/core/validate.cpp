@@ -273,9 +273,27 @@ Result validate(const Fp8ActBackwardArgs& a) {
 Result validate(const GroupColumnSumArgs& a) {
   Checker c("group_column_sum");
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);
-  c.pointer("offs", a.offs).pointer("out", a.out).pointer("src", a.src, a.m > 0);
+  c.pointer("offs", a.offs).pointer("out", a.out);
   c.scalars("row_scale", a.row_scale);
   c.leading_dim("ld", a.ld, a.n, "n");
+  if (a.index != nullptr) {
+    c.require(reinterpret_cast<uintptr_t>(a.index) % 4 == 0, "index must be 4-byte aligned");
+    c.require(a.src_rows >= 0 && a.src_rows <= kInt32Max, "src_rows (rows of the gathered src) must be in [0, 2^31), "
+              "got src_rows=", a.src_rows);
+    c.require(a.m == 0 || a.src_rows > 0, "src_rows must be >= 1 to gather m=", a.m, " rows from it");
+    c.pointer("src", a.src, a.m > 0).pointer("gathered", a.gathered, a.m > 0);
+    c.leading_dim("ld_gathered", a.ld_gathered, a.n, "n");
+  } else {
+    c.require(a.gathered == nullptr, "gathered is written only with an index to gather by");
+    c.pointer("src", a.src, a.m > 0);
+  }
+  c.require(a.m == 0 || (a.bias == nullptr) == (a.row_dot == nullptr), "bias and row_dot go together (row_dot[r] = row r . "
+            "bias[group(r)]): got ", a.bias == nullptr ? "no bias" : "a bias", " and ",
+            a.row_dot == nullptr ? "no row_dot" : "a row_dot");
+  if (a.bias != nullptr && a.m > 0) {
+    c.pointer("bias", a.bias).scalars("row_dot", a.row_dot);
+    c.leading_dim("ld_bias", a.ld_bias, a.n, "n");
+  }
   return c.result();
 }
 

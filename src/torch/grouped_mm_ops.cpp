@@ -107,6 +107,61 @@ at::Tensor grouped_column_sum_cuda(const at::Tensor& src, const at::Tensor& offs
   return out;
 }
 
+// The output-side gradients of y = row_scale * (h @ W[e] + bias[e]) from its gradient dy,
+// in one pass over dy: db (E, N) fp32 = the column sums of row_scale * dy per group,
+// bias_dot (M,) fp32 = dy[r] . bias[group(r)] (the bias term of row_scale's gradient; (0,)
+// without a bias), and, with index, dy gathered from src (the combine's output gradient,
+// dy[r] = src[index[r]]) returned as `gathered` ((0, N) without an index).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_bias_grads_cuda(const at::Tensor& src, const at::Tensor& offs,
+                                                                      const std::optional<at::Tensor>& row_scale,
+                                                                      const std::optional<at::Tensor>& bias,
+                                                                      const std::optional<at::Tensor>& index) {
+  check_cuda_tensor(src, "src", at::kBFloat16, 2, src);
+  check_row_major(src, "src");
+  const int64_t num_groups = offs.dim() == 1 ? offs.size(0) : -1;
+  check_offs(offs, src, num_groups);
+  int64_t m = src.size(0);
+  if (index.has_value()) {
+    check_cuda_tensor(*index, "index", at::kInt, 1, src);
+    TORCH_CHECK(index->is_contiguous(), "cute_moe: index must be contiguous, got strides ", index->strides());
+    m = index->size(0);
+  }
+  const int64_t n = src.size(1);
+  if (bias.has_value()) {
+    check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, src);
+    TORCH_CHECK(bias->size(0) == num_groups && bias->size(1) == n, "cute_moe: bias must be (E, N) = (", num_groups,
+                ", ", n, "), got ", bias->sizes());
+    check_row_major(*bias, "bias");
+  }
+
+  const c10::cuda::CUDAGuard guard(src.device());
+  at::Tensor db = at::empty({num_groups, n}, src.options().dtype(at::kFloat));
+  at::Tensor bias_dot = at::empty({bias.has_value() ? m : 0}, src.options().dtype(at::kFloat));
+  at::Tensor gathered = at::empty({index.has_value() ? m : 0, n}, src.options());
+  GroupColumnSumArgs a;
+  a.m = m;
+  a.n = n;
+  a.num_groups = static_cast<int32_t>(num_groups);
+  a.offs = offs.data_ptr<int32_t>();
+  a.src = src.data_ptr();
+  a.ld = row_stride(src);
+  a.row_scale = optional_scales(row_scale, "row_scale", m, "M (rows of dy)", src);
+  a.out = db.data_ptr<float>();
+  if (index.has_value()) {
+    a.index = index->data_ptr<int32_t>();
+    a.src_rows = src.size(0);
+    a.gathered = gathered.data_ptr();
+    a.ld_gathered = row_stride(gathered);
+  }
+  if (bias.has_value()) {
+    a.bias = bias->data_ptr();
+    a.ld_bias = row_stride(*bias);
+    a.row_dot = bias_dot.data_ptr<float>();
+  }
+  enqueue_with_workspace(group_column_sum, a, src);
+  return {db, bias_dot, gathered};
+}
+
 // The compiled kernels as "call:activation:config" strings (see cute_moe::list_kernels).
 std::vector<std::string> kernel_table() {
   std::vector<std::string> rows;
@@ -123,6 +178,8 @@ TORCH_LIBRARY(cute_moe, m) {
       "grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, ScalarType? out_dtype=None, bool bias_grad=False) "
       "-> (Tensor, Tensor)");
   m.def("grouped_column_sum(Tensor src, Tensor offs, Tensor? row_scale=None) -> Tensor");
+  m.def("grouped_bias_grads(Tensor src, Tensor offs, Tensor? row_scale=None, Tensor? bias=None, "
+        "Tensor? index=None) -> (Tensor db, Tensor bias_dot, Tensor gathered)");
   m.def("grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, "
         "Tensor? prob=None) -> Tensor");
 }
@@ -131,6 +188,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("grouped_mm", &grouped_mm_cuda);
   m.impl("grouped_mm_wgrad", &grouped_mm_wgrad_cuda);
   m.impl("grouped_column_sum", &grouped_column_sum_cuda);
+  m.impl("grouped_bias_grads", &grouped_bias_grads_cuda);
   m.impl("grouped_mm_scaled", &grouped_mm_scaled_cuda);
 }
 

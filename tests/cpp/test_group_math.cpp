@@ -186,6 +186,8 @@ TEST(ColumnSumSlots, AreUniqueAndInBoundsOnRandomRoutings) {
 TEST(ColumnSumSlots, WorkspaceCoversEverySlot) {
   EXPECT_EQ(column_sum_workspace_bytes(98304, 2880, 32), size_t(768 + 32) * 2880 * 4);
   EXPECT_EQ(column_sum_workspace_bytes(0, 64, 4), size_t(4) * 64 * 4);
+  // with the row dots: one fp32 partial per 256-column slice (ceil(2880 / 256) = 12) and row
+  EXPECT_EQ(column_sum_workspace_bytes(98304, 2880, 32, true), size_t(768 + 32) * 2880 * 4 + size_t(12) * 98304 * 4);
 }
 
 }  // namespace

@@ -88,6 +88,34 @@ TEST(ValidateRaggedK, AcceptsValidAndRejectsBroken) {
   a = valid_k(); a.dw_dtype = static_cast<cute_moe::DType>(7); expect_rejected(a, "dw_dtype");
 }
 
+cute_moe::GroupColumnSumArgs valid_sum() {
+  cute_moe::GroupColumnSumArgs a;
+  a.m = 1000; a.n = 2880; a.num_groups = 32;
+  a.offs = fake<const int32_t>(0x10000);
+  a.src = fake(0x20000); a.ld = a.n;
+  a.out = fake<float>(0x30000);
+  return a;
+}
+
+TEST(ValidateGroupColumnSum, GatherAndRowDotRules) {
+  cute_moe::GroupColumnSumArgs a = valid_sum();
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.index = fake<const int32_t>(0x40000); a.src_rows = 250;
+  a.gathered = fake(0x50000); a.ld_gathered = a.n;
+  a.bias = fake(0x60000); a.ld_bias = a.n; a.row_dot = fake<float>(0x70000);
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  cute_moe::GroupColumnSumArgs b = a;
+  b = a; b.gathered = nullptr;              expect_rejected(b, "gathered must not be null");
+  b = a; b.src_rows = 0;                    expect_rejected(b, "src_rows must be >= 1");
+  b = a; b.ld_gathered = 100;               expect_rejected(b, "ld_gathered=100");
+  b = a; b.index = fake<const int32_t>(0x40002); expect_rejected(b, "index must be 4-byte aligned");
+  b = a; b.row_dot = nullptr;               expect_rejected(b, "bias and row_dot go together");
+  b = a; b.ld_bias = 2000;                  expect_rejected(b, "ld_bias=2000");
+  b = valid_sum(); b.gathered = fake(0x50000); expect_rejected(b, "gathered is written only with an index");
+  b = valid_sum(); b.m = 0; b.bias = fake(0x60000); b.ld_bias = b.n;  // no rows: no row_dot to write
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+}
+
 TEST(ValidateActivation, ForwardAndBackwardRules) {
   cute_moe::ActForwardArgs f;
   f.gemm = valid_m();  // n = 2880 = 2I

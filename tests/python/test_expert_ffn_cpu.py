@@ -130,10 +130,11 @@ def test_torch_compile_fullgraph(activation):
 
 @pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded")
 @pytest.mark.parametrize("activation, prob, calls", [
-    # The fused backward gives dprob and prob * h; "none" without prob needs neither.
-    ("swiglu", True, ["grouped_mm_act_bwd"]),
+    # The fused backward gives dprob and prob * h; "none" without prob needs neither. With
+    # prob, one pass over dy first gives b_down's gradient and dprob's bias term.
+    ("swiglu", True, ["grouped_bias_grads", "grouped_mm_act_bwd"]),
     ("swiglu", False, ["grouped_mm_act_bwd"]),
-    ("none", True, ["grouped_mm_act_bwd"]),
+    ("none", True, ["grouped_bias_grads", "grouped_mm_act_bwd"]),
     ("none", False, ["grouped_mm_scaled"]),
 ])
 def test_down_projection_backward_runs_the_fused_op(activation, prob, calls):

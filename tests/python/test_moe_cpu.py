@@ -24,6 +24,7 @@ from cute_moe.nn import dispatch as dispatch_mod
 from cute_moe.activation_args import LIMIT_DEFAULT
 from cute_moe.activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from cute_moe.reference import ReferenceMoE, activation_ref, experts_ref
+from cute_moe.permute import unpermute
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -281,14 +282,15 @@ def test_fused_call_contract(monkeypatch):
 
     def fake(x, w_up, w_down, offs, b_up=None, b_down=None, *, activation=DEFAULT_ACTIVATION,
              prob=None, scale_up=None, scale_down=None, swiglu_alpha=DEFAULT_ALPHA,
-             limit=LIMIT_DEFAULT, precision="bf16"):
+             limit=LIMIT_DEFAULT, precision="bf16", combine=None):
         calls.append(dict(x=x, w_up=w_up, w_down=w_down, offs=offs, b_up=b_up, b_down=b_down,
                           activation=activation, prob=prob, alpha=swiglu_alpha, limit=limit,
-                          precision=precision))
-        return experts_ref(x.float(), offs, w_up.float(), w_down.float(),
-                           None if b_up is None else b_up.float(),
-                           None if b_down is None else b_down.float(), prob,
-                           activation=activation, alpha=swiglu_alpha, limit=limit).to(x.dtype)
+                          precision=precision, combine=combine))
+        y = experts_ref(x.float(), offs, w_up.float(), w_down.float(),
+                        None if b_up is None else b_up.float(),
+                        None if b_down is None else b_down.float(), prob,
+                        activation=activation, alpha=swiglu_alpha, limit=limit).to(x.dtype)
+        return unpermute(y, combine[1], combine[0])
 
     monkeypatch.setattr(importlib.import_module("cute_moe.nn.experts"), "expert_ffn", fake)
     moe = _moe(dict(swiglu_alpha=1.5), dtype=F32)  # fp32 master weights, bf16 compute
@@ -301,6 +303,9 @@ def test_fused_call_contract(monkeypatch):
     assert c["offs"].dtype == torch.int32 and c["prob"].dtype == F32
     assert (c["activation"], c["alpha"], c["limit"]) == ("swiglu_oai", 1.5, 7.0)
     assert c["precision"] == "bf16"
+    # the layer's combine goes into the block (its backward fused with the down projection's)
+    row_token, token_rows = c["combine"]
+    assert row_token.shape == (20,) and token_rows.shape == (10, 2)
     # the same through the reference expert loop
     ref = ReferenceMoE.like(moe, share=False, dtype=F64)
     assert testing.rel_error(out, ref(x.double())) < 1e-2

@@ -27,7 +27,11 @@ def test_schemas_and_registrations():
         "ScalarType? out_dtype=None, bool bias_grad=False) -> (Tensor, Tensor)")
     assert str(ops.grouped_column_sum.default._schema) == (
         "cute_moe::grouped_column_sum(Tensor src, Tensor offs, Tensor? row_scale=None) -> Tensor")
-    for name in ("cute_moe::grouped_mm", "cute_moe::grouped_mm_wgrad", "cute_moe::grouped_column_sum"):
+    assert str(ops.grouped_bias_grads.default._schema) == (
+        "cute_moe::grouped_bias_grads(Tensor src, Tensor offs, Tensor? row_scale=None, Tensor? bias=None, "
+        "Tensor? index=None) -> (Tensor db, Tensor bias_dot, Tensor gathered)")
+    for name in ("cute_moe::grouped_mm", "cute_moe::grouped_mm_wgrad", "cute_moe::grouped_column_sum",
+                 "cute_moe::grouped_bias_grads"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("cute_moe::grouped_mm", "Autograd")
 
@@ -54,6 +58,34 @@ def test_fake_kernels(layout):
                                                         torch.float32)
     assert (dw16.shape, dw16.dtype, db0.shape, db0.dtype) == ((4, 16, 24), BF16, (0,),
                                                               torch.float32)
+
+
+def test_bias_grads_op_fake_and_cpu_kernels():
+    """grouped_bias_grads: shapes under FakeTensorMode, and on the CPU (the reference):
+    db of the gathered rows, each row's dot with its expert's bias, the gathered rows."""
+    p = testing.random_problem(60, 16, 24, 5, "empty", pad=4)
+    src = torch.randn(30, 24).to(BF16)
+    index = torch.randint(0, 30, (60,), dtype=torch.int32)
+    prob = torch.rand(60)
+    bias = torch.randn(5, 24).to(BF16)
+    db, dot, gathered = ops.grouped_bias_grads(src, p.offs, prob, bias, index)
+    dy = src[index.long()]
+    assert torch.equal(gathered, dy)
+    torch.testing.assert_close(db, cute_moe.reference.grouped_bias_grad_ref(dy, p.offs, row_scale=prob))
+    rows = cute_moe.reference.groups.rows_to_groups(p.offs, 60)
+    used = rows < 5
+    want = (dy.float() * bias.float()[rows.clamp(max=4)]).sum(1) * used
+    torch.testing.assert_close(dot, want)
+    db2, dot2, none = ops.grouped_bias_grads(dy, p.offs)
+    assert torch.equal(db2, cute_moe.reference.grouped_bias_grad_ref(dy, p.offs))
+    assert dot2.shape == (0,) and none.shape == (0, 24)
+    mode = FakeTensorMode()
+    fs, fo, fi, fp, fb = (mode.from_tensor(t) for t in (src, p.offs, index, prob, bias))
+    with mode:
+        a, b, c = ops.grouped_bias_grads(fs, fo, fp, fb, fi)
+        with pytest.raises(ValueError, match="bias: expected shape"):
+            ops.grouped_bias_grads(fs, fo, fp, fb[:, :8], fi)
+    assert (a.shape, b.shape, c.shape) == ((5, 24), (60,), (60, 24))
 
 
 def test_wgrad_op_matches_reference():

@@ -11,6 +11,7 @@ from ..activation_args import LIMIT_DEFAULT, check_activation, is_gated, resolve
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from ..expert_ffn import check_precision, expert_ffn
 from ..reference.moe import experts_ref
+from ..permute import unpermute
 
 __all__ = ["GroupedExperts"]
 
@@ -95,14 +96,18 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor,
                 prob: torch.Tensor | None = None,
-                gather: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+                gather: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+                combine: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x (M, H) routed rows sorted by expert; offs (E,) int32 cumulative end offsets
         on x's device; prob (M,) optional router weight per row (fused into the down
         projection's epilogue on the fused path). Returns (M, H) in x's dtype; rows at or
         past offs[-1] are zero.
         gather (row_token (M,), token_rows (T, k) or None): x is then the (T, H) tokens and
         routed row r is x[row_token[r]], gathered inside the up projection's GEMM on the
-        fused path (see cute_moe.expert_ffn)."""
+        fused path (see cute_moe.expert_ffn).
+        combine (row_token (M,), token_rows (T, k)): return the (T, H) token outputs
+        out[t] = sum_j y[token_rows[t, j]] (the layer's combine, fused with the down
+        projection's backward on the fused path; see cute_moe.expert_ffn)."""
         dt = x.dtype
 
         def cast(p):
@@ -119,12 +124,15 @@ class GroupedExperts(nn.Module):
                 kwargs["prob"] = prob.float()
             if gather is not None:
                 kwargs["gather"] = gather
+            if combine is not None:
+                kwargs["combine"] = combine
             return expert_ffn(x, w_up, w_down, offs, b_up, b_down, **kwargs)
         if gather is not None:
             x = x[gather[0].long()]
-        return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob,
-                           activation=self.activation, alpha=self.swiglu_alpha,
-                           limit=self.limit, impl="loop")
+        y = experts_ref(x, offs, w_up, w_down, b_up, b_down, prob,
+                        activation=self.activation, alpha=self.swiglu_alpha,
+                        limit=self.limit, impl="loop")
+        return y if combine is None else unpermute(y, combine[1], combine[0])
 
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, inter={self.inter}, num_experts={self.num_experts}, "

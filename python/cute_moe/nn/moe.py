@@ -9,7 +9,7 @@ from torch import nn
 
 from ..activation_args import LIMIT_DEFAULT
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from .dispatch import permute, sort_by_expert, tokens_per_expert, unpermute
+from .dispatch import permute, sort_by_expert, tokens_per_expert
 from .experts import GroupedExperts
 from .router import RouterOutput, TopKRouter
 
@@ -97,9 +97,12 @@ class MoE(nn.Module):
         d = sort_by_expert(routing.experts, self.num_experts, routing.weights)
         if self.training:
             self.router.record_load(tokens_per_expert(d.offs))
+        # the combine joins the experts' down projection, whose backward then gathers the
+        # rows' gradient and the bias-side gradients in one pass (cute_moe.expert_ffn)
+        combine = (d.row_token, d.token_rows)
         if self.fuse_gather:
-            y = self.experts(x, d.offs, d.prob, gather=(d.row_token, d.token_rows))
+            out = self.experts(x, d.offs, d.prob, gather=combine, combine=combine)
         else:
-            y = self.experts(permute(x, d), d.offs, d.prob)
-        out = unpermute(y, d).reshape(shape)
+            out = self.experts(permute(x, d), d.offs, d.prob, combine=combine)
+        out = out.reshape(shape)
         return (out, routing) if return_router_output else out

@@ -1,4 +1,5 @@
-"""The grouped GEMM ops: grouped_mm, grouped_mm_wgrad, grouped_column_sum, grouped_mm_scaled."""
+"""The grouped GEMM ops: grouped_mm, grouped_mm_wgrad, grouped_column_sum, grouped_bias_grads,
+grouped_mm_scaled."""
 # Their argument checks, fake and CPU kernels (the references), and the autograd formula
 # of cute_moe::grouped_mm, registered on import when the op library is loaded.
 from __future__ import annotations
@@ -6,14 +7,15 @@ from __future__ import annotations
 import torch
 
 from .. import _library
-from ..reference.gemm import (grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref,
-                              grouped_mm_wgrad_ref)
+from ..reference.gemm import (grouped_bias_grad_ref, grouped_bias_grads_ref, grouped_mm_ref,
+                              grouped_mm_scaled_ref, grouped_mm_wgrad_ref)
 from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
                      unit_columns)
 from .registry import register_kernels
 
 __all__ = ["check_grouped_mm_args", "check_grouped_mm_wgrad_args",
-           "check_grouped_column_sum_args", "check_grouped_mm_scaled_args"]
+           "check_grouped_column_sum_args", "check_grouped_bias_grads_args",
+           "check_grouped_mm_scaled_args"]
 
 
 def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm",
@@ -63,6 +65,26 @@ def check_grouped_column_sum_args(src, offs, row_scale=None,
     check_scales(op, "row_scale", row_scale, src.shape[0], "one per row of src", "src", src)
 
 
+def check_grouped_bias_grads_args(src, offs, row_scale=None, bias=None, index=None,
+                                  op: str = "grouped_bias_grads") -> int:
+    """src (rows, N) bf16, offs 1-D int32, index (M,) int32 (M = src's rows without it),
+    row_scale (M,) float32, bias (E, N) bf16, on src's device. Returns M."""
+    check_tensor(op, "src", src, 2, torch.bfloat16)
+    check_tensor(op, "offs", offs, 1, torch.int32)
+    m = src.shape[0]
+    if index is not None:
+        check_tensor(op, "index", index, 1, torch.int32)
+        m = index.shape[0]
+    check_same_device(op, "src", src, offs=offs, index=index, bias=bias)
+    check_scales(op, "row_scale", row_scale, m, "one per row of dy (index's length with an "
+                 "index, else src's rows)", "src", src)
+    if bias is not None:
+        check_tensor(op, "bias", bias, 2, torch.bfloat16)
+        if tuple(bias.shape) != (offs.shape[0], src.shape[1]):
+            fail(op, "bias", f"shape {(offs.shape[0], src.shape[1])} (E, N)", f"shape {tuple(bias.shape)}")
+    return m
+
+
 def check_grouped_mm_scaled_args(x, w, offs, bias=None, scale=None, prob=None,
                                  op: str = "grouped_mm_scaled") -> None:
     check_grouped_mm_args(x, w, offs, bias, op)
@@ -106,6 +128,19 @@ def _fake_grouped_column_sum(src, offs, row_scale):
 def _cpu_grouped_column_sum(src, offs, row_scale):
     check_grouped_column_sum_args(src, offs, row_scale)
     return grouped_bias_grad_ref(src, offs, row_scale=row_scale)
+
+
+def _fake_grouped_bias_grads(src, offs, row_scale, bias, index):
+    m = check_grouped_bias_grads_args(src, offs, row_scale, bias, index)
+    n = src.shape[1]
+    return (src.new_empty(offs.shape[0], n, dtype=torch.float32),
+            src.new_empty(m if bias is not None else 0, dtype=torch.float32),
+            src.new_empty(m if index is not None else 0, n))
+
+
+def _cpu_grouped_bias_grads(src, offs, row_scale, bias, index):
+    check_grouped_bias_grads_args(src, offs, row_scale, bias, index)
+    return grouped_bias_grads_ref(src, offs, row_scale, bias, index)
 
 
 def _fake_grouped_mm_scaled(x, w, offs, bias, scale, prob):
@@ -160,6 +195,7 @@ def _register() -> None:
             ("grouped_mm", _fake_grouped_mm, _cpu_grouped_mm),
             ("grouped_mm_wgrad", _fake_grouped_mm_wgrad, _cpu_grouped_mm_wgrad),
             ("grouped_column_sum", _fake_grouped_column_sum, _cpu_grouped_column_sum),
+            ("grouped_bias_grads", _fake_grouped_bias_grads, _cpu_grouped_bias_grads),
             ("grouped_mm_scaled", _fake_grouped_mm_scaled, _cpu_grouped_mm_scaled)):
         register_kernels(name, fake, cpu)
     torch.library.register_autograd("cute_moe::grouped_mm", _backward,

@@ -6,7 +6,7 @@ import torch
 from .groups import group_bounds, per_row
 
 __all__ = ["grouped_mm_ref", "grouped_mm_wgrad_ref", "grouped_bias_grad_ref",
-           "grouped_mm_scaled_ref"]
+           "grouped_bias_grads_ref", "grouped_mm_scaled_ref"]
 
 
 def grouped_mm_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
@@ -53,6 +53,25 @@ def grouped_bias_grad_ref(dy: torch.Tensor, offs: torch.Tensor,
     if not db:
         return dy.new_zeros(0, dy.shape[1], dtype=torch.float32)
     return torch.stack(db).to(torch.float32)
+
+
+def grouped_bias_grads_ref(src: torch.Tensor, offs: torch.Tensor,
+                           row_scale: torch.Tensor | None = None,
+                           bias: torch.Tensor | None = None,
+                           index: torch.Tensor | None = None):
+    """cute_moe::grouped_bias_grads: with dy = src[index] (index given) or src,
+    db (E, N) float32 = grouped_bias_grad_ref(dy, offs, row_scale=row_scale),
+    bias_dot (M,) float32 = dy[r] . bias[group(r)] (padding rows 0; (0,) without bias),
+    gathered = dy ((0, N) without index)."""
+    dy = src[index.long()] if index is not None else src
+    m, n = dy.shape
+    db = grouped_bias_grad_ref(dy, offs, row_scale=row_scale)
+    if bias is None:
+        bias_dot = src.new_zeros(0, dtype=torch.float32)
+    else:
+        bias_dot = (dy.float() * per_row(bias, offs, m, torch.float32)).sum(1)
+    gathered = dy if index is not None else src.new_empty(0, n)
+    return db, bias_dot, gathered
 
 
 def grouped_mm_scaled_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
