@@ -124,22 +124,29 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_grouped_mm_args(_h_like(x, m, inter), w_down, offs, b_down, op=op,
                           names={"x": "h", "w": "w_down", "bias": "b_down"})
     check_offs_values(op, offs, m, "x" if rows is None else "gather's rows")
-    if combine is not None:
-        if not (isinstance(combine, (tuple, list)) and len(combine) == 2):
-            raise ValueError(f"cute_moe.{op}: combine: expected (row_token, token_rows), got "
-                             f"{combine!r:.80}")
-        check_unpermute_args(_h_like(x, m, hidden), combine[1], combine[0], op=op)
-        combine = (combine[0].contiguous(), combine[1].contiguous())
     if prob is not None and isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
         prob = prob.to(torch.float32)
     check_scales(op, "prob", prob, m, "one per routed row", "x", x)
     check_scales(op, "scale_up", scale_up, num_experts, "one per expert", "x", x)
     check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
     if activation == "none":  # h = pre: the down projection keeps h as its "pre"
-        h = ScaledMM.apply(x, w_up, offs, b_up, scale_up)
-        return DownProj.apply(h, w_down, offs, b_down, h, prob, scale_down, act, combine)
-    h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows)
+        h = pre = ScaledMM.apply(x, w_up, offs, b_up, scale_up)
+    else:
+        h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows)
+    # checked behind the up projection's launch, whose GPU time hides the host's work
+    combine = _checked_combine(op, combine, m, hidden, x)
     return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine)
+
+
+def _checked_combine(op, combine, m, hidden, x):
+    """combine as contiguous (row_token (m,), token_rows (T, k)) int32 on x's device."""
+    if combine is None:
+        return None
+    if not (isinstance(combine, (tuple, list)) and len(combine) == 2):
+        raise ValueError(f"cute_moe.{op}: combine: expected (row_token, token_rows), got "
+                         f"{combine!r:.80}")
+    check_unpermute_args(_h_like(x, m, hidden), combine[1], combine[0], op=op)
+    return combine[0].contiguous(), combine[1].contiguous()
 
 
 def _h_like(x, m, inter):

@@ -81,15 +81,12 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // weight gradients 9-23% (session 6), and the plain ragged-M GEMMs 12-28%, long reductions
   // included once they walk along n (the GPT-OSS up dgrad at k = 5760: 4.65-4.75 ms against
   // 4.76-5.44 on 128x256; session 9).
-  // Weight gradients with a wide output and deep groups (GPT-OSS-20B's up projection: n =
-  // 5760, 3072 rows per expert): the 128x256 cooperative tile along the output's rows,
-  // swizzle 4, 6-25% faster than 128x192, balanced and skewed alike (a wave then covers
-  // every row tile of a few column strips: fewer operand bytes from DRAM per wave;
-  // session 9). Narrower outputs (n <= 2880) keep 128x192.
+  // The weight gradients too, wide outputs included: GPT-OSS-20B's up projection (n = 5760,
+  // 3072 rows per expert) ran 6-25% faster on 128x256 cooperative in session 9, but under
+  // the deepest-first dynamic schedule (session 11) 128x192 pingpong along n is 5.6-5.9%
+  // faster than it (5.23 / 5.42 ms against 5.55 / 5.74, balanced / skewed; session 14).
   const bool deep_groups = rows_per_group >= 2048;
-  const bool wide_wgrad = !ragged_m && p.n >= 4096 && deep_groups;
-  if (wide_wgrad) choice.index = first_with_role(TileRole::Wide);
-  if (choice.index < 0) choice.index = first_with_role(TileRole::Mid);
+  choice.index = first_with_role(TileRole::Mid);
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.
@@ -97,10 +94,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   if (choice.index < 0) return choice;  // nothing compiled serves p
   const TileConfig& chosen = candidates[choice.index];
   const bool pingpong = chosen.schedule == Schedule::Pingpong;
-  if (wide_wgrad && chosen.role == TileRole::Wide) {
-    choice.raster_along_n = false;
-    choice.swizzle = 4;
-  } else if (chosen.role == TileRole::Mid) {
+  if (chosen.role == TileRole::Mid) {
     // The tile order on the mid tile, from the sweeps of every role over raster x swizzle
     // (docs/perf-notes.md, session 9, H100; the best order or within 2% of it at both
     // models, both routings): along n, where the expert's weight strip stays in L2 while row

@@ -129,3 +129,31 @@ def check_halves_block(leaves, offs, activation, up_storage, down_storage, tol=1
     assert not bad, f"{activation} halves ({up_storage}, {down_storage}): relative errors " \
                     f"above {tol}: {bad}"
     return errors
+
+
+def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
+    """expert_ffn(..., combine=(row_token, token_rows)) against unpermute(expert_ffn(...)):
+    the same output bits, and the same gradients of every leaf (prob's to float32
+    rounding: its bias term is summed in another order)."""
+    import cute_moe
+    from cute_moe.permute import unpermute
+    m = leaves["x"].shape[0]
+    g = torch.Generator().manual_seed(3)
+    token_rows = torch.randperm(m, generator=g).view(m // top_k, top_k).to(torch.int32)
+    row_token = torch.empty(m, dtype=torch.int32)
+    row_token[token_rows.reshape(-1).long()] = torch.arange(m // top_k, dtype=torch.int32).repeat_interleave(top_k)
+    dev = leaves["x"].device
+    token_rows, row_token = token_rows.to(dev), row_token.to(dev)
+    kw = dict(activation=activation, prob=leaves.get("prob"), scale_up=leaves.get("scale_up"),
+              scale_down=leaves.get("scale_down"))
+    args = (leaves["x"], leaves["w_up"], leaves["w_down"], offs, leaves.get("b_up"), leaves.get("b_down"))
+    fused = cute_moe.expert_ffn(*args, combine=(row_token, token_rows), **kw)
+    apart = unpermute(cute_moe.expert_ffn(*args, **kw), token_rows, row_token)
+    assert fused.shape == (m // top_k, leaves["x"].shape[1]) and torch.equal(fused, apart)
+    dout = torch.randn(fused.shape, generator=g).to(dev, BF16)
+    names = list(leaves)
+    ga = torch.autograd.grad(fused, [leaves[k] for k in names], dout)
+    gb = torch.autograd.grad(apart, [leaves[k] for k in names], dout)
+    errors = {f"d{k}": testing.rel_error(a, b) for k, a, b in zip(names, ga, gb)}
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{activation}: combine vs unpermute after: {bad}"

@@ -9,7 +9,7 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import ACTIVATIONS, check_block, check_halves_block, make_block, run_ours
+from expert_ffn_cases import ACTIVATIONS, check_block, check_combine, check_halves_block, make_block, run_ours
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -161,3 +161,26 @@ def test_halves_layout_needs_a_gated_activation():
     with pytest.raises(ValueError, match="gate_linear"):
         cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs,
                             activation="srelu", gate_linear="pairs")
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "none"])
+@pytest.mark.parametrize("bias, prob", [(True, True), (True, False), (False, True)])
+def test_combine_is_unpermute_after(activation, bias, prob):
+    """The layer's combine joined to the down projection (its backward gathering dy with
+    b_down's gradient and dprob's bias term in one pass): the composition's function."""
+    leaves, offs = make_block(160, 32, 16, 5, activation, bias=bias, prob=prob, scale=False,
+                              routing="empty", device="cpu")
+    check_combine(leaves, offs, activation)
+
+
+def test_combine_arguments_are_checked():
+    leaves, offs = make_block(32, 16, 8, 2, "swiglu", bias=False, prob=False, scale=False)
+    args = (leaves["x"], leaves["w_up"], leaves["w_down"], offs)
+    row_token = torch.arange(32, dtype=torch.int32) // 4
+    token_rows = torch.arange(32, dtype=torch.int32).view(8, 4)
+    with pytest.raises(ValueError, match="combine: expected"):
+        cute_moe.expert_ffn(*args, activation="swiglu", combine=row_token)
+    with pytest.raises(ValueError, match="token_rows"):
+        cute_moe.expert_ffn(*args, activation="swiglu", combine=(row_token, token_rows[:4]))
+    with pytest.raises(ValueError, match="row_token"):
+        cute_moe.expert_ffn(*args, activation="swiglu", combine=(row_token.long(), token_rows))

@@ -10,7 +10,8 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import ACTIVATIONS, BF16, check_block, check_halves_block, make_block, run_ours
+from expert_ffn_cases import (ACTIVATIONS, BF16, check_block, check_combine, check_halves_block, make_block,
+                             run_ours)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -155,3 +156,13 @@ def test_halves_output_poisoned_first():
                                                      False, "swiglu", 1.702, None, "halves")[0]
         assert not torch.isnan(dpre).any()
         assert torch.all(dpre[int(offs[-1]):] == 0)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "none"])
+@pytest.mark.parametrize("bias, prob", [(True, True), (True, False), (False, True)])
+def test_combine_is_unpermute_after(activation, bias, prob):
+    """The layer's combine joined to the down projection (its backward gathering dy with
+    b_down's gradient and dprob's bias term in one pass): the composition's function."""
+    leaves, offs = make_block(1024, 256, 128, 6, activation, bias=bias, prob=prob, scale=False,
+                              routing="empty", device="cuda")
+    check_combine(leaves, offs, activation)
