@@ -108,22 +108,25 @@ def _forward(self, hidden_states, top_k_index, top_k_weights, precision: str) ->
     # which the grouped GEMMs leave zero (and whose router weight gets zero gradient).
     d = sort_by_expert(top_k_index, self.num_experts, top_k_weights)
     x = permute(hidden_states.to(plan.dtype), d)
-    # the router weight goes into the down projection's epilogue
-    y = _expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, d.prob, plan)
-    return unpermute(y, d).to(hidden_states.dtype)
+    # the router weight goes into the down projection's epilogue, the combine joins its
+    # backward (the output gradient gathered with the bias gradients in one pass)
+    return _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan).to(hidden_states.dtype)
 
 
-def _expert_ffn(x, w_up, w_down, offs, b_up, b_down, prob, plan: _Plan):
-    """The whole expert block in two fused grouped GEMMs: w_up (E, H, 2I) with the gate and
-    linear columns interleaved (GPT-OSS) or as [gate | linear] halves (plan.route), or
-    (E, H, I) non-gated, as stored or as a transposed view."""
+def _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan: _Plan):
+    """The whole expert block in two fused grouped GEMMs and the combine back to tokens:
+    w_up (E, H, 2I) with the gate and linear columns interleaved (GPT-OSS) or as
+    [gate | linear] halves (plan.route), or (E, H, I) non-gated, as stored or as a
+    transposed view."""
     gate_linear = "halves" if plan.route == "halves" else "interleaved"
     if plan.kernels:
-        return expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=plan.activation,
-                          prob=prob, swiglu_alpha=plan.alpha, limit=plan.limit,
-                          gate_linear=gate_linear, precision=plan.precision)
-    return experts_ref(x, offs, w_up, w_down, b_up, b_down, prob, activation=plan.activation,
-                       alpha=plan.alpha, limit=plan.limit, impl="loop", gate_linear=gate_linear)
+        return expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, activation=plan.activation,
+                          prob=d.prob, swiglu_alpha=plan.alpha, limit=plan.limit,
+                          gate_linear=gate_linear, precision=plan.precision,
+                          combine=(d.row_token, d.token_rows))
+    y = experts_ref(x, d.offs, w_up, w_down, b_up, b_down, d.prob, activation=plan.activation,
+                    alpha=plan.alpha, limit=plan.limit, impl="loop", gate_linear=gate_linear)
+    return unpermute(y, d)
 
 
 # --- the plan: route, activation and backend of one module, worked out once ------------
