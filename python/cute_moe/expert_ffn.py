@@ -80,7 +80,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        with DeepSeek-V3's block scales (cute_moe.fp8.expert_ffn, docs/fp8.md; it takes the
        default layout only and raises NotImplementedError naming this bf16 path for the rest:
        transposed weight views, halves, gather, scale_up / scale_down).
-    Returns y (M, H) bf16 ((T, H) with combine). Differentiable with respect to every tensor argument but offs.
+    Returns y (M, H) bf16 ((T, H) with combine). Differentiable with respect to every tensor
+    argument but offs.
     A bad offs (decreasing, negative or past M) stops the kernel with a message and a
     trap that leaves the CUDA context unusable; cute_moe.set_offs_check(True) (or
     CUTE_MOE_CHECK_OFFS=1) checks it on the host first and raises ValueError (a sync per

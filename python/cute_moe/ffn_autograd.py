@@ -91,7 +91,8 @@ def _output_grads(dout, offs, prob, bias, need_db, row_token):
             return torch.ops.cute_moe.gather_rows(dout, row_token, None), None, None
         return permute_ref(dout, row_token), None, None
     if _library.library_loaded():
-        db, bias_dot, gathered = torch.ops.cute_moe.grouped_bias_grads(dout, offs, prob, bias, row_token)
+        db, bias_dot, gathered = torch.ops.cute_moe.grouped_bias_grads(dout, offs, prob, bias,
+                                                                       row_token)
     else:
         db, bias_dot, gathered = grouped_bias_grads_ref(dout, offs, prob, bias, row_token)
     return (gathered if row_token is not None else dout, db if need_db else None,

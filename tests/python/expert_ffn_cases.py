@@ -141,12 +141,14 @@ def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
     g = torch.Generator().manual_seed(3)
     token_rows = torch.randperm(m, generator=g).view(m // top_k, top_k).to(torch.int32)
     row_token = torch.empty(m, dtype=torch.int32)
-    row_token[token_rows.reshape(-1).long()] = torch.arange(m // top_k, dtype=torch.int32).repeat_interleave(top_k)
+    tokens = torch.arange(m // top_k, dtype=torch.int32).repeat_interleave(top_k)
+    row_token[token_rows.reshape(-1).long()] = tokens
     dev = leaves["x"].device
     token_rows, row_token = token_rows.to(dev), row_token.to(dev)
     kw = dict(activation=activation, prob=leaves.get("prob"), scale_up=leaves.get("scale_up"),
               scale_down=leaves.get("scale_down"))
-    args = (leaves["x"], leaves["w_up"], leaves["w_down"], offs, leaves.get("b_up"), leaves.get("b_down"))
+    args = (leaves["x"], leaves["w_up"], leaves["w_down"], offs, leaves.get("b_up"),
+            leaves.get("b_down"))
     fused = cute_moe.expert_ffn(*args, combine=(row_token, token_rows), **kw)
     apart = unpermute(cute_moe.expert_ffn(*args, **kw), token_rows, row_token)
     assert fused.shape == (m // top_k, leaves["x"].shape[1]) and torch.equal(fused, apart)

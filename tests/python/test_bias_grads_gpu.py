@@ -47,7 +47,8 @@ def test_matches_column_sum_and_float64(case, with_bias, with_prob):
     offs = _offs(used, e, g)
     gather = src_rows is not None
     src = torch.randn(src_rows if gather else m, n, generator=g).to(BF16).cuda()
-    index = torch.randint(0, src_rows, (m,), generator=g, dtype=torch.int32).cuda() if gather else None
+    index = (torch.randint(0, src_rows, (m,), generator=g, dtype=torch.int32).cuda() if gather
+             else None)
     prob = torch.rand(m, generator=g).cuda() if with_prob else None
     bias = torch.randn(e, n, generator=g).to(BF16).cuda() if with_bias else None
 
@@ -116,7 +117,8 @@ def test_host_checks():
     src = torch.randn(64, 16, device="cuda", dtype=BF16)
     offs = torch.tensor([40, 64], device="cuda", dtype=torch.int32)
     with pytest.raises(RuntimeError, match="bias must be"):
-        torch.ops.cute_moe.grouped_bias_grads(src, offs, None, torch.zeros(3, 16, device="cuda", dtype=BF16))
+        torch.ops.cute_moe.grouped_bias_grads(src, offs, None,
+                                              torch.zeros(3, 16, device="cuda", dtype=BF16))
     with pytest.raises(RuntimeError, match="index must be"):
         torch.ops.cute_moe.grouped_bias_grads(src, offs, None, None, torch.zeros(10, device="cuda"))
     with pytest.raises(RuntimeError, match="row_scale"):

@@ -28,10 +28,10 @@ def test_schemas_and_registrations():
     assert str(ops.grouped_column_sum.default._schema) == (
         "cute_moe::grouped_column_sum(Tensor src, Tensor offs, Tensor? row_scale=None) -> Tensor")
     assert str(ops.grouped_bias_grads.default._schema) == (
-        "cute_moe::grouped_bias_grads(Tensor src, Tensor offs, Tensor? row_scale=None, Tensor? bias=None, "
-        "Tensor? index=None) -> (Tensor db, Tensor bias_dot, Tensor gathered)")
-    for name in ("cute_moe::grouped_mm", "cute_moe::grouped_mm_wgrad", "cute_moe::grouped_column_sum",
-                 "cute_moe::grouped_bias_grads"):
+        "cute_moe::grouped_bias_grads(Tensor src, Tensor offs, Tensor? row_scale=None, "
+        "Tensor? bias=None, Tensor? index=None) -> (Tensor db, Tensor bias_dot, Tensor gathered)")
+    for name in ("cute_moe::grouped_mm", "cute_moe::grouped_mm_wgrad",
+                 "cute_moe::grouped_column_sum", "cute_moe::grouped_bias_grads"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("cute_moe::grouped_mm", "Autograd")
 
@@ -71,7 +71,8 @@ def test_bias_grads_op_fake_and_cpu_kernels():
     db, dot, gathered = ops.grouped_bias_grads(src, p.offs, prob, bias, index)
     dy = src[index.long()]
     assert torch.equal(gathered, dy)
-    torch.testing.assert_close(db, cute_moe.reference.grouped_bias_grad_ref(dy, p.offs, row_scale=prob))
+    want_db = cute_moe.reference.grouped_bias_grad_ref(dy, p.offs, row_scale=prob)
+    torch.testing.assert_close(db, want_db)
     rows = cute_moe.reference.groups.rows_to_groups(p.offs, 60)
     used = rows < 5
     want = (dy.float() * bias.float()[rows.clamp(max=4)]).sum(1) * used

@@ -5,8 +5,8 @@
 # 0.45 ms backward on an H100; docs/perf-notes.md, session 14). The product of two bf16
 # numbers is exact in float32 (8 + 8 significant bits), and Hopper's bf16 MMA accumulates
 # in float32, so torch.mm(x, W^T, out_dtype=float32) computes the same sums from the same
-# exact products; only the order and rounding of the additions differ (measured on an H100: 3e-6
-# relative to float64, against 1e-7 for the SGEMM; bf16 logits, HF's, are 2e-3 off).
+# exact products; only the order and rounding of the additions differ (measured on an H100:
+# 3e-6 relative to float64, against 1e-7 for the SGEMM; bf16 logits, HF's, are 2e-3 off).
 #
 # The backward's dlogits are float32, not bf16. Each is split into two bf16 parts,
 # hi = bf16(g) and lo = bf16(g - hi), which carry 16 of its 24 significant bits (relative

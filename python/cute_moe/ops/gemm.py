@@ -81,7 +81,8 @@ def check_grouped_bias_grads_args(src, offs, row_scale=None, bias=None, index=No
     if bias is not None:
         check_tensor(op, "bias", bias, 2, torch.bfloat16)
         if tuple(bias.shape) != (offs.shape[0], src.shape[1]):
-            fail(op, "bias", f"shape {(offs.shape[0], src.shape[1])} (E, N)", f"shape {tuple(bias.shape)}")
+            fail(op, "bias", f"shape {(offs.shape[0], src.shape[1])} (E, N)",
+                 f"shape {tuple(bias.shape)}")
     return m
 
 
