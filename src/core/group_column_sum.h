@@ -7,6 +7,10 @@
 // collision-free slot: the partial buffer needs only (chunks + groups) rows.
 // Pass 2 adds, for each group, its chunks' partials in chunk order. No atomics: the same
 // input gives the same bits.
+// Pass 1 can also read its rows through an index (writing the gathered rows out: the
+// combine's output gradient taken back to sorted rows) and take each row's dot product with
+// its group's bias (the bias term of a row-scale gradient), so one read of dy serves all
+// three; the row dots are added per row in a fixed order too.
 #pragma once
 
 #include <cstddef>
