@@ -161,3 +161,35 @@ def test_quantize_128x1_rejects_bad_input():
         torch.ops.cute_moe.quantize_fp8_128x1(x[:, :40], _offs([40]))
     with pytest.raises(RuntimeError, match="offs must be"):
         torch.ops.cute_moe.quantize_fp8_128x1(x, _offs([20, 20]).to(torch.int64))
+
+
+def _naive_disagrees(x: torch.Tensor, scale: torch.Tensor) -> int:
+    """Elements whose x * (1 / scale) converts to another e4m3 value than x / scale."""
+    def e4m3(v):
+        return v.clamp(-448, 448).to(ref.FP8_DTYPE).view(torch.uint8)
+    return int((e4m3(x * (1.0 / scale)) != e4m3(x / scale)).sum())
+
+
+def test_quantizers_divide_where_a_reciprocal_would_round_otherwise():
+    """x / scale, not x * (1 / scale): on these 2^25 elements the product converts to another
+    e4m3 value in dozens of places (counted here, near e4m3's rounding midpoints), and every
+    quantizer gives the reference's bits (a guard for any faster conversion; session 14 tried
+    one with an exact fallback near the midpoints, bit-exact but slower)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    rows, cols = 16384, 2048
+    x = torch.randn(rows, cols, device="cuda", generator=g)
+    x = (x * torch.exp2(torch.randint(-8, 8, (rows, 1), device="cuda", generator=g).float())).bfloat16()
+    q, s = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    rq, rs = ref.quantize_1x128(x)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    blocks = x.float().view(rows, cols // 128, 128)
+    assert _naive_disagrees(blocks, rs.view(rows, cols // 128, 1)) >= 5
+    w = x.view(8, 2048, 2048)
+    q, s, qt, st = torch.ops.cute_moe.quantize_fp8_128x128(w, True, True)
+    rq, rs = ref.quantize_128x128(w)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert torch.equal(_bits(qt), _bits(rq).transpose(-2, -1))
+    offs = _offs([5000, 0, 7000, 4384])
+    q_t, s = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+    rq, rs = ref.quantize_128x1_t(x, offs)
+    assert torch.equal(s, rs) and torch.equal(_bits(q_t), _bits(rq))
