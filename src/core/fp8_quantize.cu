@@ -98,9 +98,10 @@ __device__ __forceinline__ void store_transposed(const uint8_t (&tile)[kBlock][k
 
 // One CTA of 256 threads per 128 x 128 tile: thread t holds the 8 columns 8 (t % 16) .. +7
 // of rows t / 16 + 16 i (i < 8). q is stored as read; q_t through a shared-memory tile,
-// each thread writing 64 consecutive k of one output row.
+// each thread writing 64 consecutive k of one output row. Three CTAs per SM (80 registers,
+// not 86): 16-21% faster than two, as more loads are in flight (session 14).
 
-__global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
+__global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
   __shared__ float warp_amax[kTileThreads / 32];
   __shared__ float tile_scale;
   __shared__ __align__(16) uint8_t tile[kBlock][kBlock + kTilePad];
@@ -168,8 +169,8 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(QuantizeFp
 // block counts (offs clamped to [0, rows], so a bad offs reads nothing out of bounds); a block
 // past the last group's quantizes no rows (zeros, scale 1). Each column's amax over the
 // block's rows: across the two threads of a warp that share the column, then across the 8
-// warps through shared memory.
-__global__ void __launch_bounds__(kTileThreads) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
+// warps through shared memory. Three CTAs per SM, as the cast: 11-18% faster than two.
+__global__ void __launch_bounds__(kTileThreads, 3) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
   __shared__ float col_max[kTileThreads / 32][kBlock];
   __shared__ float col_scale[kBlock];
   __shared__ int64_t block_row0;
