@@ -1,6 +1,7 @@
 // Deterministic per-group column sums (see group_column_sum.h for the slot scheme).
 #include <cuda_bf16.h>
 
+#include "bf16x8.cuh"
 #include "group_column_sum.h"
 #include "group_setup.h"
 
@@ -71,27 +72,6 @@ __device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col,
   return v;
 }
 
-__device__ __forceinline__ float dot_bf16x8(uint4 a, uint4 b) {
-  const __nv_bfloat162* ha = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
-  float acc = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(ha[i]);
-    const float2 fb = __bfloat1622float2(hb[i]);
-    acc = fmaf(fa.x, fb.x, acc);
-    acc = fmaf(fa.y, fb.y, acc);
-  }
-  return acc;
-}
-
-// The same butterfly every time: the result is reproducible.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // Four rows' sums over the warp in 6 shuffles instead of 20: the first two steps halve the
 // values each lane holds while adding (lanes with bit 4 keep rows 2, 3; then bit 3 picks one
 // of the two), the last three add the rest. Lane L ends with the sum of row
@@ -144,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         add_bf16x8(acc, v[u], p.row_scale != nullptr ? p.row_scale[r + u] : 1.0f);
-        if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b);
+        if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b, 0.0f);
       }
       if constexpr (kRowDot) {
         const int lane = threadIdx.x % 32;
@@ -156,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
       const uint4 v = load_row<kGather>(p, r, col, active);
       add_bf16x8(acc, v, p.row_scale != nullptr ? p.row_scale[r] : 1.0f);
       if constexpr (kRowDot) {
-        const float d = warp_sum(dot_bf16x8(v, b));
+        const float d = warp_sum(dot_bf16x8(v, b, 0.0f));
         if (dot_writer) p.dot_partial[slice * p.m + r] = d;
       }
     }

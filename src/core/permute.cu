@@ -12,6 +12,7 @@
 
 #include <cuda_bf16.h>
 
+#include "bf16x8.cuh"
 #include "cute_moe/permute.h"
 #include "device_info.h"
 
@@ -88,26 +89,6 @@ __device__ __forceinline__ uint4 round8(const float acc[8]) {
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-  return v;
-}
-
-__device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
-  const __nv_bfloat162* ha = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(ha[i]);
-    const float2 fb = __bfloat1622float2(hb[i]);
-    acc = fmaf(fa.x, fb.x, acc);
-    acc = fmaf(fa.y, fb.y, acc);
-  }
-  return acc;
-}
-
-// The same butterfly on every call: lane 0's result is reproducible.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
 }
 
@@ -230,14 +211,14 @@ __global__ void __launch_bounds__(kThreads) gather_rows_dot_kernel(VecMatrix a, 
             if (v0 + u * kWarpSize + lane < nvec) {
 #pragma unroll
               for (int c = 0; c < kDotChoices; ++c) {
-                if (jb + c < n) acc[c] = dot8(av[u], sv[u][c], acc[c]);
+                if (jb + c < n) acc[c] = detail::dot_bf16x8(av[u], sv[u][c], acc[c]);
               }
             }
           }
         }
 #pragma unroll
         for (int c = 0; c < kDotChoices; ++c) {
-          const float sum = warp_sum(acc[c]);
+          const float sum = detail::warp_sum(acc[c]);
           if (lane == 0 && jb + c < n) out[t * k + j0 + jb + c] = sum;
         }
       }
