@@ -19,7 +19,7 @@ import torch
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from .ffn_autograd import Act, _param_grads
+from .ffn_autograd import Act, _output_grads, _param_grads
 from .fp8 import (grouped_mm_act_bwd_unchecked, grouped_mm_act_unchecked, grouped_mm_unchecked,
                   quantize_1x128, quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
@@ -115,19 +115,28 @@ class _Fp8DownProj(torch.autograd.Function):
         _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         act = ctx.act
         dy = dy.contiguous()
+        # The bias side from one pass over dy (as the bf16 DownProj): db where prob scales the
+        # rows (else the weight-gradient op sums dy), and the bias term of prob's gradient.
+        db_here = need_b and prob is not None
+        dot_here = need_prob and b_down is not None
+        _, db, bias_dot = _output_grads(dy, offs, prob, b_down if dot_here else None, db_here,
+                                        None)
         dpre = hp = dprob = None
         if need_pre or need_prob:
             dyq, dy_scale = quantize_1x128(dy)
-            with_bias = need_prob and b_down is not None
             dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
-                dyq, dy_scale, *_as_is(w_down), offs, pre, prob, b_down if with_bias else None,
-                dy if with_bias else None, need_prob, act.name, act.alpha, act.limit)
+                dyq, dy_scale, *_as_is(w_down), offs, pre, prob, None, None, need_prob, act.name,
+                act.alpha, act.limit)
             del dyq, dy_scale
+            if bias_dot is not None:
+                dprob = dprob + bias_dot
         elif need_w:
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
-        dw, db, _ = _param_grads(hp, dy, offs, w_down, need_w, ctx.bias_dtype if need_b else None,
-                                 row_scale=prob)
+        dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w,
+                                   ctx.bias_dtype if need_b and not db_here else None,
+                                   row_scale=prob)
+        db = db.to(ctx.bias_dtype) if db_here else db_w
         return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
                 None)
 

@@ -92,6 +92,20 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
   if (choice.index < 0) return choice;  // nothing compiled serves p
+  // A weight gradient whose output the mid tile covers in clearly more waves' worth of work
+  // than the 128x128 pingpong tile (ragged K: every group's whole output, its size known on
+  // the host) takes the narrow tile: the seed example's down projection (8 experts of 1024 x
+  // 2048: 704 mid tiles are 5.3 waves of 132 CTAs, 1024 narrow ones 7.8) ran 6-8% faster on
+  // it (H100, session 15), while at GPT-OSS-20B and Qwen3-30B-A3B (margins of -2..+3%) the
+  // mid tile stays 3-17% ahead: the narrow tile reads 1.25x the operand bytes per output, so
+  // it must win on waves by 5% or more.
+  bool narrow_fit = false;
+  if (!ragged_m && candidates[choice.index].role == TileRole::Mid) {
+    const int narrow = first_with_role(TileRole::Narrow);
+    narrow_fit = narrow >= 0 && estimated_cost(p, candidates[narrow], sm_count) <
+                                    0.95 * estimated_cost(p, candidates[choice.index], sm_count);
+    if (narrow_fit) choice.index = narrow;
+  }
   const TileConfig& chosen = candidates[choice.index];
   const bool pingpong = chosen.schedule == Schedule::Pingpong;
   if (chosen.role == TileRole::Mid) {
@@ -116,6 +130,9 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
       choice.raster_along_n = true;
       choice.swizzle = 4;
     }
+  } else if (narrow_fit) {
+    choice.raster_along_n = true;  // as the mid tile (session 15's sweep: along m 1-4% slower)
+    choice.swizzle = 1;
   } else if (ragged_m && (pingpong || rows_per_group >= p.n)) {
     choice.raster_along_n = true;
     choice.swizzle = pingpong ? 2 : 1;

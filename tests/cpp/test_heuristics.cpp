@@ -140,6 +140,27 @@ TEST(ChooseLaunch, WeightGradientsTakeTheMidTileAlongN) {
   EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide}, 132).index, 0);
 }
 
+// The 128x128 pingpong tile for a weight gradient only where it needs clearly fewer waves'
+// worth of work: the seed example's down projection (8 experts, 1024 x 2048 outputs), not
+// GPT-OSS-20B's or Qwen3-30B-A3B's.
+TEST(ChooseLaunch, WeightGradientsTakeTheNarrowTileWhereItFitsTheWavesBetter) {
+  const KernelVariant v = KernelVariant::RaggedK_OutBF16;
+  TileConfig wide = kCoop, narrow = kPong;
+  wide.variant = narrow.variant = v;
+  const TileConfig mid{v, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  const std::vector<TileConfig> all = {wide, narrow, mid};
+  const LaunchChoice seed_down = choose_launch({v, 32768, 2048, 1024, 8}, all, 132);
+  EXPECT_EQ(seed_down.index, 1);
+  EXPECT_TRUE(seed_down.raster_along_n);
+  EXPECT_TRUE(seed_down.dynamic_schedule);  // 4096 rows per expert
+  EXPECT_EQ(choose_launch({v, 32768, 2048, 2048, 8}, all, 132).index, 2);      // seed up: 3% only
+  EXPECT_EQ(choose_launch({v, 98304, 5760, 2880, 32}, all, 132).index, 2);     // GPT-OSS-20B up
+  EXPECT_EQ(choose_launch({v, 98304, 2880, 2880, 32}, all, 132).index, 2);     // GPT-OSS-20B down
+  EXPECT_EQ(choose_launch({v, 131072, 1536, 2048, 128}, all, 132).index, 2);   // Qwen3 up
+  EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, all, 132).index, 2);    // Qwen3 down
+  EXPECT_EQ(choose_launch({v, 32768, 2048, 1024, 8}, {wide, mid}, 132).index, 1);  // no narrow tile
+}
+
 // Plain GEMMs on the mid tile: along n; deep groups swizzle 2, shallow ones unswizzled (the
 // scheduler would pad each group's tile grid to whole swizzle strips).
 TEST(ChooseLaunch, PlainMidTileOrder) {
