@@ -51,6 +51,11 @@ def check_declaration() -> None:
     need(ks.DEFAULT_ACTIVATION in names, f"DEFAULT_ACTIVATION {ks.DEFAULT_ACTIVATION!r} is not declared")
     for a in ks.ACTIVATIONS:
         need(a.gated or a.default_limit is None, f"{a.name}: only gated activations take a limit")
+    for t in ks.LIMIT_FREE:
+        base = next((a for a in ks.ACTIVATIONS if a.name == t.of), None)
+        need(base is not None and base.gated, f"LIMIT_FREE {t.name}: {t.of!r} is not a declared gated activation")
+        need(t.name not in names and t.enum not in {a.enum for a in ks.ACTIVATIONS},
+             f"LIMIT_FREE {t.name}: its name and enum must differ from the activations'")
     arches = {a.name for a in ks.ARCHES}
     for v in ks.VARIANTS:
         need(v.acts in ("unfused", "forward", "backward", "backward_gated"), f"{v.enum}: acts {v.acts!r}")
@@ -66,6 +71,9 @@ def check_declaration() -> None:
             need(t.schedule in ks.SCHEDULES, f"{arch}/{variant}/{role}: schedule {t.schedule!r}")
         family = next(v.family for v in ks.VARIANTS if v.enum == variant)
         need(family in ks.HEADERS.get(arch, {}), f"{arch}: no header for the {family!r} variants")
+    for (arch, variant), roles in ks.LIMIT_FREE_TILES.items():
+        for role in roles:
+            need(role in ks.TILES.get((arch, variant), {}), f"LIMIT_FREE_TILES: {arch}/{variant} has no {role!r} tile")
 
 
 def acts_of(v: ks.Variant) -> list[ks.Activation | None]:
@@ -82,13 +90,25 @@ def tile_name(t: ks.Tile) -> str:
     return f"{t.tile_m}x{t.tile_n}x{t.tile_k}_{t.cluster_m}x{t.cluster_n}_{sched}"
 
 
-def kernels() -> list[tuple[ks.Arch, ks.Variant, str, ks.Tile, ks.Activation | None]]:
-    """Every kernel, in dispatch-table order: arch, variant, tile (role order), activation."""
+def twins_of(arch: ks.Arch, v: ks.Variant, role: str) -> list[ks.LimitFree]:
+    """The limit-free twins compiled for this tile of this variant."""
+    if role not in ks.LIMIT_FREE_TILES.get((arch.name, v.enum), ()):
+        return []
+    served = {a.name for a in acts_of(v) if a is not None}
+    return [t for t in ks.LIMIT_FREE if t.of in served]
+
+
+def kernels() -> list[tuple[ks.Arch, ks.Variant, str, ks.Tile, ks.Activation | ks.LimitFree | None]]:
+    """Every kernel, in dispatch-table order: arch, variant, tile (role order), activation;
+    each variant's limit-free twins after its other kernels."""
     out = []
     for arch in ks.ARCHES:
         for v in ks.VARIANTS:
-            for role, t in ks.TILES.get((arch.name, v.enum), {}).items():
+            tiles = ks.TILES.get((arch.name, v.enum), {})
+            for role, t in tiles.items():
                 out += [(arch, v, role, t, a) for a in acts_of(v)]
+            for role, t in tiles.items():
+                out += [(arch, v, role, t, twin) for twin in twins_of(arch, v, role)]
     return [k for k in out if ONLY is None or ONLY.search(kernel_file_stem(*k))]
 
 
@@ -171,7 +191,8 @@ def enums_header() -> str:
     arch = block("Arch", [(a.enum, f"{a.devices}, compute capability {a.major}.{a.minor}") for a in ks.ARCHES])
     variant = block("KernelVariant", [(v.enum, v.what) for v in ks.VARIANTS])
     act = block("Act", [("Unfused", "a kernel without an activation epilogue")] +
-                [(a.enum, f'"{a.name}"') for a in ks.ACTIVATIONS])
+                [(a.enum, f'"{a.name}"') for a in ks.ACTIVATIONS] +
+                [(t.enum, f'"{t.of}" without a limit: no clamps compiled in') for t in ks.LIMIT_FREE])
     sched = block("Schedule", [(s, "") for s in ks.SCHEDULES])
     role = block("TileRole", [(cpp_enum_role(r), d) for r, d in ks.TILE_ROLES.items()])
     funcs = [
@@ -186,8 +207,14 @@ def enums_header() -> str:
         switch("is_act_backward", "KernelVariant", "bool",
                [(v.enum, str(v.acts.startswith("backward")).lower()) for v in ks.VARIANTS]),
         switch("act_name", "Act", "const char*",
-               [("Unfused", '""')] + [(a.enum, f'"{a.name}"') for a in ks.ACTIVATIONS]),
+               [("Unfused", '""')] + [(a.enum, f'"{a.name}"') for a in ks.ACTIVATIONS] +
+               [(t.enum, f'"{t.name}"') for t in ks.LIMIT_FREE]),
         switch("act_of", "Activation", "Act", [(f"k{a.enum}", f"Act::{a.enum}") for a in ks.ACTIVATIONS]),
+        # the limit-free twin of an activation's kernels (Unfused: none)
+        switch("limit_free_twin", "Act", "Act",
+               [("Unfused", "Act::Unfused")] +
+               [(a.enum, "Act::" + next((t.enum for t in ks.LIMIT_FREE if t.of == a.name), "Unfused"))
+                for a in ks.ACTIVATIONS] + [(t.enum, "Act::Unfused") for t in ks.LIMIT_FREE]),
         switch("schedule_short_name", "Schedule", "const char*",
                [("Cooperative", '"coop"'), ("Pingpong", '"pong"')]),
     ]
@@ -224,7 +251,7 @@ constexpr const char* compiled_arches() {{ return "{archs}"; }}
 
 def functors_header() -> str:
     rows = "\n".join(f"template <> struct ActFunctor<Act::{a.enum}> {{ using type = {a.functor}; }};"
-                     for a in ks.ACTIVATIONS)
+                     for a in (*ks.ACTIVATIONS, *ks.LIMIT_FREE))
     return f"""// {BANNER}; do not edit.
 // The functor (src/core/activations.h) of each epilogue activation.
 #pragma once

@@ -5,6 +5,7 @@ layer, and the Python activation table (python/cute_moe/activations.py).
 
 To add an activation: a functor in src/core/activations.h and a row in ACTIVATIONS.
 To add a tile: a row in TILES (the heuristic, src/core/heuristics.cpp, picks rows by role).
+To compile a gated activation's clamps out for calls without a limit: LIMIT_FREE (and its tiles).
 To add an arch: an Arch, its kernel headers in HEADERS and its TILES.
 """
 from __future__ import annotations
@@ -66,6 +67,23 @@ ACTIVATIONS = (
     Activation("none", "Identity", "Identity", False, None, False, "h = a"),
 )
 DEFAULT_ACTIVATION = "swiglu_oai"
+
+
+class LimitFree(NamedTuple):
+    of: str         # the ACTIVATIONS name it serves when called without a limit
+    name: str       # its kernels' activation name (list_kernels, file names); not an API name
+    enum: str       # its detail::Act value
+    functor: str    # its functor in src/core/activations.h (no clamps, no masks compiled in)
+
+
+# Limit-free twins of gated activations: the same kernels with the clamps and in-range masks
+# compiled out, which the host runs instead of the clamping kernel of the same tile when a
+# call gives no limit (Qwen3-MoE, Mixtral, DeepSeek-V3: "swiglu" never clamps). Compiled only
+# for the tiles in LIMIT_FREE_TILES (the heuristic's picks at the models' shapes); any other
+# tile serves such a call with its clamping kernel at limit +inf, as before.
+LIMIT_FREE = (
+    LimitFree("swiglu", "swiglu_nolimit", "SwigluNoLimit", "SwigluNoLimit"),
+)
 DEFAULT_ALPHA = 1.702  # swiglu_oai's sigmoid scale
 
 # Element types (C++ spelling) of the operands (Variant.ab) and outputs (Variant.out).
@@ -152,4 +170,15 @@ TILES = {
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
+}
+
+# Per (arch, variant), the tile roles that also get LIMIT_FREE twins: the fused kernels' mid
+# tiles, and the gathered forward's two tiles (it has no mid one).
+LIMIT_FREE_TILES = {
+    ("sm90", "ActFwd_BRow"): ("mid",),
+    ("sm90", "ActFwd_BCol"): ("mid",),
+    ("sm90", "ActFwdGather_BRow"): ("wide", "narrow"),
+    ("sm90", "ActBwd_BRow"): ("mid",),
+    ("sm90", "ActBwd_BCol"): ("mid",),
+    ("sm90", "ActBwdHalves_BRow"): ("mid",),
 }

@@ -3,6 +3,10 @@
 # every test reports, and the one tolerance table all tests use.
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .reference.groups import offsets_from_counts
 
-__all__ = ["assert_empty_batch", "ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
+__all__ = ["assert_empty_batch", "device_trap_output", "ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
            "group_sizes", "Problem", "random_problem", "ExpertFFN", "random_expert_ffn"]
 
 # Largest accepted ||out - ref|| / ||ref|| against an fp32 (or finer) ground truth,
@@ -212,6 +216,29 @@ def capture_graph(fn, warmup: int = 2):
     with torch.cuda.graph(graph):
         outputs = fn()
     return graph, outputs
+
+
+def device_trap_output(setup: str, call: str) -> str:
+    """The output of a call that a device-side check must stop: `setup` and then `call` run in a
+    child Python process (with torch and cute_moe imported), because the check prints its
+    message and traps, which leaves the CUDA context unusable for good. Asserts that the call
+    raised (the child exits with 3) instead of returning; the caller checks the message."""
+    script = "\n".join([
+        "import sys, torch, cute_moe",
+        textwrap.dedent(setup).strip(),
+        "try:",
+        textwrap.indent(textwrap.dedent(call).strip(), "    "),
+        "    torch.cuda.synchronize()",
+        "except RuntimeError as exc:",
+        "    print('RAISED', str(exc).splitlines()[0])",
+        "    sys.exit(3)",
+        "print('NO ERROR')",
+    ])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, f"the call did not stop with an error (exit {proc.returncode}):\n{out}"
+    return out
 
 
 class OpLog(TorchDispatchMode):

@@ -99,7 +99,12 @@ struct GeluTanhGate {  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (torc
 // min / max on the device (a compare and a select on the host). A NaN passes through as
 // it would through torch.clamp, and the masks are PyTorch's (inside the closed interval;
 // everything without a limit).
-template <class Gate, int kLinearOffset>
+// kClamps false: the limit-free twin, h = f(a) * (b + kLinearOffset) with no clamps and no
+// masks compiled in (ActParams' limit ignored). The same values as the clamping unit without a
+// limit; the host serves calls without a limit with it where such a kernel is compiled
+// (codegen/kernel_space.py, LIMIT_FREE): the clamps and masks were ~18% of the fused
+// backward's instructions, and a runtime branch around them cost more than it saved.
+template <class Gate, int kLinearOffset, bool kClamps = true>
 struct GatedUnit {
   static constexpr bool kGated = true;
 
@@ -122,12 +127,21 @@ struct GatedUnit {
   }
 
   CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const ActParams& p) {
+    if constexpr (!kClamps) return Gate::value(a, p, nullptr) * (b + float(kLinearOffset));
     const float hi = bound(p);
     return Gate::value(clamp_gate(a, hi), p, nullptr) * (clamp_linear(b, hi) + float(kLinearOffset));
   }
 
   // Returns h; writes dh * dh/da and dh * dh/db.
   CUTE_MOE_HOST_DEVICE static float backward(float a, float b, float dh, const ActParams& p, float& da, float& db) {
+    if constexpr (!kClamps) {
+      float df;
+      const float f = Gate::value(a, p, &df);
+      const float v = b + float(kLinearOffset);
+      da = dh * v * df;
+      db = dh * f;
+      return f * v;
+    }
     const float hi = bound(p);
     const bool a_in = a <= hi || !p.has_limit;
     const bool b_in = (b >= -hi && b <= hi) || !p.has_limit;
@@ -143,6 +157,7 @@ struct GatedUnit {
 using SwigluOai = GatedUnit<SiluAlphaGate, 1>;  // GPT-OSS
 using Swiglu = GatedUnit<SiluGate, 0>;          // Llama, Qwen, DeepSeek, Mixtral
 using Geglu = GatedUnit<GeluTanhGate, 0>;
+using SwigluNoLimit = GatedUnit<SiluGate, 0, false>;  // "swiglu" called without a limit
 
 // h = relu(a)^2, not gated.
 struct SquaredRelu {

@@ -89,6 +89,8 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
                            std::string("no kernel compiled for ") + detail::variant_what(problem.variant));
     }
   }
+  // A call without a clamp limit runs the tile's limit-free twin where one is compiled.
+  if (!gemm.act_params.has_limit) index = detail::limit_free_kernel(registry, index);
   plan->kernel = &registry[index];
 
   // Tile order: the heuristic's unless the options say otherwise.
@@ -122,13 +124,16 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
       plan->cutlass_bytes = std::max(plan->cutlass_bytes, e.workspace_size(problem.num_groups, plan->sm_count));
     }
   }
+  plan->cutlass_bytes = std::max(plan->cutlass_bytes, plan->kernel->workspace_size(problem.num_groups, plan->sm_count));
   plan->arrays_bytes = detail::group_arrays_bytes(gemm);
 
   if (opts.log) {
-    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s raster=%c swizzle=%d%s\n",
+    const bool twin = plan->kernel->config.act != problem.act;
+    std::fprintf(stderr, "cute_moe: %s m=%lld n=%lld k=%lld groups=%d sms=%d -> %s%s%s%s raster=%c swizzle=%d%s\n",
                  detail::variant_what(problem.variant), static_cast<long long>(problem.m), static_cast<long long>(problem.n),
                  static_cast<long long>(problem.k), problem.num_groups, plan->sm_count, plan->kernel->name.c_str(),
-                 forced != nullptr && forced[0] != '\0' ? " (forced)" : "", plan->raster_along_n ? 'n' : 'm',
+                 forced != nullptr && forced[0] != '\0' ? " (forced)" : "", twin ? " " : "",
+                 twin ? detail::act_name(plan->kernel->config.act) : "", plan->raster_along_n ? 'n' : 'm',
                  plan->swizzle, detail::is_ragged_m(problem.variant) ? "" : (plan->dynamic_schedule ? " dynamic" : " static"));
   }
   return Result::success();

@@ -24,6 +24,20 @@ const std::vector<KernelEntry>& kernel_registry() {
   return entries;
 }
 
+int limit_free_kernel(const std::vector<KernelEntry>& registry, int index) {
+  const TileConfig& c = registry[index].config;
+  const Act twin = limit_free_twin(c.act);
+  if (twin == Act::Unfused) return index;
+  for (size_t i = 0; i < registry.size(); ++i) {
+    const TileConfig& t = registry[i].config;
+    if (t.act == twin && t.variant == c.variant && t.arch == c.arch && t.tile_m == c.tile_m && t.tile_n == c.tile_n &&
+        t.tile_k == c.tile_k && t.cluster_m == c.cluster_m && t.cluster_n == c.cluster_n && t.schedule == c.schedule) {
+      return static_cast<int>(i);
+    }
+  }
+  return index;
+}
+
 Result kernel_arch_for(const DeviceInfo& d, Arch* arch) {
   for (const auto& e : kernel_registry()) {
     if (arch_major(e.config.arch) == d.cc_major && arch_minor(e.config.arch) == d.cc_minor) {

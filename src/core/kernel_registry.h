@@ -132,6 +132,12 @@ struct KernelEntry {
 // Every row of the dispatch table (generated kernel_table.inc), in table order.
 const std::vector<KernelEntry>& kernel_registry();
 
+// The kernel that runs a call of registry[index]'s variant and tile without a clamp limit:
+// its limit-free twin (the same variant, tile, cluster, schedule and arch; the clamps compiled
+// out, kernel_space.py's LIMIT_FREE) where one is compiled, else index itself.
+int limit_free_kernel(const std::vector<KernelEntry>& registry, int index);
+
+
 // The compiled arch whose kernels run on this device, or kNotSupported saying in one
 // sentence which devices are supported.
 Result kernel_arch_for(const DeviceInfo& device, Arch* arch);

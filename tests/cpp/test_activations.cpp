@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "activations.h"
@@ -12,6 +13,8 @@ namespace {
 using cute_moe::detail::ActParams;
 using cute_moe::detail::Identity;
 using cute_moe::detail::SquaredRelu;
+using cute_moe::detail::Swiglu;
+using cute_moe::detail::SwigluNoLimit;
 using cute_moe::detail::SwigluOai;
 
 double reference(double a, double b, double alpha, double limit, bool has_limit) {
@@ -69,6 +72,28 @@ TEST(SwigluOai, NanPropagatesLikeTorchClamp) {
   ActParams p;
   EXPECT_TRUE(std::isnan(SwigluOai::forward(std::numeric_limits<float>::quiet_NaN(), 1.0f, p)));
   EXPECT_TRUE(std::isnan(SwigluOai::forward(1.0f, std::numeric_limits<float>::quiet_NaN(), p)));
+}
+
+// The limit-free twin (the clamps compiled out) gives the clamping unit's bits without a limit,
+// NaN and infinities included, and ignores the limit it is handed.
+TEST(SwigluNoLimit, SameBitsAsSwigluWithoutALimit) {
+  ActParams none;
+  none.has_limit = false;
+  ActParams clamped;  // has_limit, 7: the twin must not clamp
+  const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
+  const float values[] = {-30.0f, -7.5f, -7.0f, -1.0f, -0.0f, 0.0f, 0.3f, 6.99f, 7.0f, 9.0f, 40.0f, kInf, -kInf, kNan};
+  auto same = [](float x, float y) { return (std::isnan(x) && std::isnan(y)) || std::memcmp(&x, &y, 4) == 0; };
+  for (float a : values) {
+    for (float b : values) {
+      for (const ActParams& p : {none, clamped}) {
+        EXPECT_TRUE(same(SwigluNoLimit::forward(a, b, p), Swiglu::forward(a, b, none))) << a << " " << b;
+        float da0, db0, da1, db1;
+        const float h0 = Swiglu::backward(a, b, 0.75f, none, da0, db0);
+        const float h1 = SwigluNoLimit::backward(a, b, 0.75f, p, da1, db1);
+        EXPECT_TRUE(same(h0, h1) && same(da0, da1) && same(db0, db1)) << a << " " << b;
+      }
+    }
+  }
 }
 
 TEST(SquaredRelu, NanPropagatesLikeTorchRelu) {

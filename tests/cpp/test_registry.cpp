@@ -52,6 +52,30 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
   }
 }
 
+// Calls without a clamp limit run the limit-free twin of the chosen tile where one is compiled
+// (kernel_space.py's LIMIT_FREE_TILES): the same variant, tile, cluster and schedule; every
+// other kernel is its own.
+TEST(Registry, LimitFreeTwinsShareTheTileOfTheKernelTheyReplace) {
+  const auto& reg = detail::kernel_registry();
+  int twinned = 0;
+  for (size_t i = 0; i < reg.size(); ++i) {
+    const detail::TileConfig& c = reg[i].config;
+    const int j = detail::limit_free_kernel(reg, static_cast<int>(i));
+    ASSERT_GE(j, 0);
+    if (j == static_cast<int>(i)) continue;
+    ++twinned;
+    const detail::TileConfig& t = reg[j].config;
+    EXPECT_EQ(c.act, detail::Act::Swiglu);
+    EXPECT_EQ(t.act, detail::Act::SwigluNoLimit);
+    EXPECT_EQ(reg[j].name, reg[i].name);
+    EXPECT_TRUE(t.variant == c.variant && t.schedule == c.schedule && t.role == c.role && t.arch == c.arch);
+    EXPECT_EQ(detail::limit_free_kernel(reg, j), j);  // a twin has no twin
+  }
+  // the mid tiles of the fused forward (both weight layouts) and backward (three), the
+  // gathered forward's two
+  EXPECT_EQ(twinned, 7);
+}
+
 TEST(Registry, ListsConfigsPerFamily) {
   auto m = list_tile_configs(GemmFamily::kRaggedM);
   auto k = list_tile_configs(GemmFamily::kRaggedK);

@@ -5,14 +5,12 @@
 # Widths that are not multiples of the kernels' 256-column warps or 1024-column blocks,
 # rows past the groups, empty experts, m = 0, and a bad index (in a child process: the
 # trap poisons the CUDA context).
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import cute_moe
+from cute_moe import testing
 from cute_moe.reference.gemm import grouped_bias_grads_ref
 
 pytestmark = [
@@ -88,28 +86,13 @@ def test_deterministic():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-_BAD_INDEX_SCRIPT = """
-import sys, torch, cute_moe
-src = torch.randn(64, 16, device="cuda", dtype=torch.bfloat16)
-offs = torch.tensor([40, 100], device="cuda", dtype=torch.int32)
-index = torch.zeros(100, device="cuda", dtype=torch.int32)
-index[77] = 64
-try:
-    torch.ops.cute_moe.grouped_bias_grads(src, offs, None, None, index)
-    torch.cuda.synchronize()
-except RuntimeError as exc:
-    print("RAISED", str(exc).splitlines()[0])
-    sys.exit(3)
-print("NO ERROR")
-"""
-
-
 def test_bad_index_stops_the_kernel():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-c", _BAD_INDEX_SCRIPT], capture_output=True, text=True,
-                          timeout=120, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 3, out
+    out = testing.device_trap_output("""
+        src = torch.randn(64, 16, device="cuda", dtype=torch.bfloat16)
+        offs = torch.tensor([40, 100], device="cuda", dtype=torch.int32)
+        index = torch.zeros(100, device="cuda", dtype=torch.int32)
+        index[77] = 64
+    """, "torch.ops.cute_moe.grouped_bias_grads(src, offs, None, None, index)")
     assert "invalid index at row 77: 64 is not a row of src, which has 64 rows" in out, out
 
 

@@ -60,8 +60,7 @@ def _check(name, got, want):
     assert err <= testing.tolerance(BF16), f"{name}: relative error {err:.3e}"
 
 
-def _run(call, act, g, offs):
-    limit = ref.default_limit(act) if act else None
+def _run(call, act, g, offs, limit):
     ops = torch.ops.cute_moe
     if call.startswith("ragged_m"):
         x, w = _randn(g, M + PAD, K), _weight(g, K, N, call.endswith("bcol"))
@@ -153,15 +152,29 @@ def _run(call, act, g, offs):
             _check(name, a, b)
 
 
+# Limit-free twins ("<act>_nolimit": the clamps compiled out) run for calls of <act> without a
+# limit on their tiles; a call with a limit runs the clamping kernel of the same tile.
+NOLIMIT = "_nolimit"
+TWINNED = {r.replace(NOLIMIT + ":", ":") for r in ROWS if r.split(":")[1].endswith(NOLIMIT)}
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[_row_id(r) for r in ROWS])
 def test_forced_row_matches_the_reference(row, monkeypatch, capfd):
     call, act, config = row.split(":")
+    twin = act.endswith(NOLIMIT)
+    base = act[:-len(NOLIMIT)] if twin else act
+    limit = ref.default_limit(base) if base else None
+    if twin:
+        limit = None
+    elif row in TWINNED:
+        limit = 7.0  # so that the clamping kernel runs, not its twin
     monkeypatch.setenv("CUTE_MOE_CONFIG", config)
     monkeypatch.setenv("CUTE_MOE_LOG_CONFIG", "1")
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(row.encode()))
     offs = torch.tensor(SIZES, device="cuda").cumsum(0).to(torch.int32)
     assert int(offs[-1]) == M
-    _run(call, act, g, offs)
+    _run(call, base, g, offs, limit)
     torch.cuda.synchronize()
     log = capfd.readouterr().err
     assert f"-> {config} (forced)" in log, f"the forced kernel did not run: {log!r}"
+    assert (f"(forced) {act} " in log) == twin, f"the limit-free twin {'did not run' if twin else 'ran'}: {log!r}"
