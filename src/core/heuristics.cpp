@@ -139,12 +139,14 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   } else if (!ragged_m && !short_reduction) {
     choice.swizzle = 2;
   }
-  // Weight gradients over deep groups take their tiles from the dynamic scheduler
-  // (dynamic_group_scheduler.cuh, lookahead 2): at GPT-OSS-20B (3072 rows per expert) 2-16%
-  // faster than the static stride, balanced and skewed. Over shallow groups (Qwen3-30B-A3B,
-  // 1024 rows: 16 k-blocks a tile) the static stride, which runs the CTAs in lockstep over
-  // one expert at a time, stays 0-12% ahead (docs/perf-notes.md, session 10).
-  choice.dynamic_schedule = !ragged_m && deep_groups;
+  // Weight gradients take their tiles from the dynamic scheduler (dynamic_group_scheduler.cuh,
+  // lookahead 2) over groups of 1024 rows or more: at GPT-OSS-20B (3072 rows per expert) 4-16%
+  // faster than the static stride, balanced and skewed. Session 10 kept the static stride over
+  // Qwen3-30B-A3B's shallow groups (1024 rows: 16 k-blocks a tile), 0-12% ahead then; since the
+  // deepest-first walk (session 11) the dynamic schedule is 2.8% ahead on its skewed up
+  // projection, within 1.2% elsewhere (session 15, H100). Shallower groups keep the static
+  // stride (a tile of a few k-blocks may not hide the ticket).
+  choice.dynamic_schedule = !ragged_m && rows_per_group >= 1024;
   return choice;
 }
 

@@ -234,15 +234,16 @@ TEST(ChooseLaunch, WideWeightGradientsTakeTheMidTileToo) {
   EXPECT_EQ(choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 5760, 2880, 32}, {wide}, 132).index, 0);
 }
 
-// The dynamic tile schedule for the weight gradients over deep groups (GPT-OSS-20B, 3072
-// rows per expert), the static one over shallow groups (Qwen3-30B-A3B, 1024) and for every
-// ragged-M GEMM, deep or not.
+// The dynamic tile schedule for the weight gradients over groups of 1024 rows or more
+// (GPT-OSS-20B: 3072 rows per expert, Qwen3-30B-A3B: 1024), the static one over shallower
+// groups and for every ragged-M GEMM, deep or not.
 TEST(ChooseLaunch, DynamicScheduleForDeepWeightGradients) {
   TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
   wide.variant = KernelVariant::RaggedK_OutBF16;
   EXPECT_TRUE(choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 5760, 2880, 32}, {wide, mid}, 132).dynamic_schedule);
   EXPECT_TRUE(choose_launch({KernelVariant::RaggedK_OutBF16, 98304, 2880, 2880, 32}, {wide, mid}, 132).dynamic_schedule);
-  EXPECT_FALSE(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide, mid}, 132).dynamic_schedule);
+  EXPECT_TRUE(choose_launch({KernelVariant::RaggedK_OutBF16, 131072, 1536, 2048, 128}, {wide, mid}, 132).dynamic_schedule);
+  EXPECT_FALSE(choose_launch({KernelVariant::RaggedK_OutBF16, 65536, 1536, 2048, 128}, {wide, mid}, 132).dynamic_schedule);
   const TileConfig plain{KernelVariant::RaggedM_BRow, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
   EXPECT_FALSE(choose_launch({KernelVariant::RaggedM_BRow, 98304, 2880, 2880, 32}, {plain}, 132).dynamic_schedule);
 }
