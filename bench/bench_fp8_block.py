@@ -117,8 +117,11 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     del outs
     fwd = alternating_ms({k: call_step(lambda f=f: f().detach()) for k, f in forward.items()}, reps, warmup,
                          cuda=device == "cuda")
-    bwd = alternating_ms({k: backward_step(forward[k], lambda y: y.backward(dy)) for k in ("fp8", "bf16")},
-                         reps, warmup, cuda=device == "cuda")
+    # the gradients of every input, as a training step's backward makes them (torch.autograd.grad:
+    # no accumulation into .grad from the previous timed call, which would add a pass per leaf)
+    leaves = [v for v in t.values() if v is not None]
+    bwd = alternating_ms({k: backward_step(forward[k], lambda y: torch.autograd.grad(y, leaves, dy))
+                          for k in ("fp8", "bf16")}, reps, warmup, cuda=device == "cuda")
     peaks = {k: peak_gib(forward[k], dy, t) for k in ("fp8", "bf16")} if device == "cuda" else {}
     flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
     rows = []
