@@ -178,3 +178,37 @@ def test_forced_row_matches_the_reference(row, monkeypatch, capfd):
     log = capfd.readouterr().err
     assert f"-> {config} (forced)" in log, f"the forced kernel did not run: {log!r}"
     assert (f"(forced) {act} " in log) == twin, f"the limit-free twin {'did not run' if twin else 'ran'}: {log!r}"
+
+
+@pytest.mark.parametrize("limit", [None, 7.0], ids=["no-limit", "limit"])
+def test_the_heuristic_runs_the_limit_free_twin_only_without_a_limit(limit, monkeypatch, capfd):
+    """Unforced calls of "swiglu" (the heuristic's tiles, which have twins): forward and fused
+    backward on the twins without a limit, on the clamping kernels with one; both against the
+    reference."""
+    if not any(r.split(":")[1] == "swiglu" + NOLIMIT for r in ROWS):
+        pytest.skip("this build has no limit-free swiglu kernels")
+    monkeypatch.setenv("CUTE_MOE_LOG_CONFIG", "1")
+    ops, g = torch.ops.cute_moe, torch.Generator(device="cuda").manual_seed(11)
+    sizes = [512, 0, 700, 300]
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    m, k, inter = sum(sizes), 256, 384
+    x, w = _randn(g, m, k), _randn(g, len(sizes), k, 2 * inter, s=2.0 * k ** -0.5)
+    h, pre = ops.grouped_mm_act(x, w, offs, None, None, "swiglu", ALPHA, limit)
+    want_h, want_pre = ref.grouped_mm_act_ref(x, w, offs, None, None, "swiglu", ALPHA, limit)
+    _check("pre", pre, want_pre)
+    _check("h", h, want_h)
+    dy, wd = _randn(g, m, k), _randn(g, len(sizes), inter, k, s=2.0 * inter ** -0.5)
+    pre = _randn(g, m, 2 * inter, s=3.0)
+    prob = torch.rand(m, device="cuda", generator=g)
+    got = ops.grouped_mm_act_bwd(dy, wd.transpose(-2, -1), offs, pre, None, prob, None, True, "swiglu",
+                                 ALPHA, limit, "interleaved")
+    want = ref.grouped_mm_act_bwd_ref(dy, wd.transpose(-2, -1), offs, pre, None, prob, None, True, "swiglu",
+                                      ALPHA, limit, "interleaved")
+    for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
+        _check(name, a, b)
+    torch.cuda.synchronize()
+    log = capfd.readouterr().err
+    lines = [line for line in log.splitlines() if "act_forward" in line or "act_backward" in line]
+    assert len(lines) == 2, log
+    for line in lines:
+        assert ("swiglu_nolimit" in line) == (limit is None), line
