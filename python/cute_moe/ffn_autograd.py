@@ -235,13 +235,11 @@ class DownProj(torch.autograd.Function):
         pre, w, offs, bias, prob, scale, row_token = ctx.saved_tensors
         _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
         act = ctx.act
-        dout = dout.contiguous()
         # The bias side from the pass that gathers dy (combine) or from one pass of its own:
         # db where prob scales the rows (else the weight-gradient op sums dy), and the bias
-        # term of prob's gradient.
-        db_here = need_b and (prob is not None or row_token is not None)
-        dot_here = need_prob and bias is not None
-        dy, db, bias_dot = _output_grads(dout, offs, prob, bias if dot_here else None, db_here,
+        # term of prob's gradient (bias is kept only where prob needs a gradient).
+        dy, db, bias_dot = _output_grads(dout.contiguous(), offs, prob, bias,
+                                         need_b and (prob is not None or row_token is not None),
                                          row_token)
         dpre = hp = dprob = None
         if act.name == "none" and prob is None:  # a plain input gradient; h is pre
@@ -249,8 +247,8 @@ class DownProj(torch.autograd.Function):
                 dpre = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale)
             hp = pre
         elif need_pre or need_prob:
-            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob,
-                                       None if dot_here else bias, need_prob, act)
+            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, None,
+                                       need_prob, act)
             if not need_prob:
                 dprob = None
             elif bias_dot is not None:
@@ -259,9 +257,9 @@ class DownProj(torch.autograd.Function):
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
         dw, db_w, dscale = _param_grads(hp, dy, offs, w, need_w,
-                                        ctx.bias_dtype if need_b and not db_here else None,
+                                        ctx.bias_dtype if need_b and db is None else None,
                                         scale, need_scale, row_scale=prob)
-        db = db.to(ctx.bias_dtype) if db_here else db_w
+        db = db.to(ctx.bias_dtype) if db is not None else db_w
         if not need_pre:
             dpre = None
         return None, dw, None, db, dpre, dprob, dscale, None, None

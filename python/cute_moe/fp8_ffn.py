@@ -114,13 +114,11 @@ class _Fp8DownProj(torch.autograd.Function):
         pre, w_down, offs, b_down, prob = ctx.saved_tensors
         _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         act = ctx.act
-        dy = dy.contiguous()
         # The bias side from one pass over dy (as the bf16 DownProj): db where prob scales the
-        # rows (else the weight-gradient op sums dy), and the bias term of prob's gradient.
-        db_here = need_b and prob is not None
-        dot_here = need_prob and b_down is not None
-        _, db, bias_dot = _output_grads(dy, offs, prob, b_down if dot_here else None, db_here,
-                                        None)
+        # rows (else the weight-gradient op sums dy), and the bias term of prob's gradient
+        # (b_down is kept only where prob needs a gradient).
+        dy, db, bias_dot = _output_grads(dy.contiguous(), offs, prob, b_down,
+                                         need_b and prob is not None, None)
         dpre = hp = dprob = None
         if need_pre or need_prob:
             dyq, dy_scale = quantize_1x128(dy)
@@ -134,9 +132,9 @@ class _Fp8DownProj(torch.autograd.Function):
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
         dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w,
-                                   ctx.bias_dtype if need_b and not db_here else None,
+                                   ctx.bias_dtype if need_b and db is None else None,
                                    row_scale=prob)
-        db = db.to(ctx.bias_dtype) if db_here else db_w
+        db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
                 None)
 
