@@ -1,5 +1,5 @@
 // Setup kernels of the grouped launches: per-group pointers, strides and problem shapes
-// from the device-resident offsets, plus the zeros the GEMM does not write.
+// from the device-resident offsets, plus the zeros the GEMM does not write (ragged M).
 //
 // Block 0 fills the arrays (one thread per group, striding over groups) and checks the
 // offsets; every block then helps with the zero fill. A bad `offs` stops the kernel with
@@ -94,53 +94,40 @@ __global__ void ragged_m_setup_kernel(GemmProblem p, GroupArrays g, float* row_p
 // own above kMaxOrderedGroups.
 __device__ void write_ragged_k_order(const GemmProblem& p, int32_t* order) {
   __shared__ int32_t rows[kMaxOrderedGroups];
-  __shared__ int32_t active;
   const int32_t e_count = p.num_groups;
   const bool ranked = e_count <= kMaxOrderedGroups;
-  if (threadIdx.x == 0) active = 0;
-  __syncthreads();
-  int32_t mine = 0;  // this thread's non-empty groups
-  for (int32_t e = threadIdx.x; e < e_count; e += blockDim.x) {
-    const int32_t r = static_cast<int32_t>(group_rows(p.offs, e).count());
-    if (ranked) rows[e] = r;
-    mine += r > 0 ? 1 : 0;
+  if (ranked) {
+    for (int32_t e = threadIdx.x; e < e_count; e += blockDim.x) {
+      rows[e] = static_cast<int32_t>(group_rows(p.offs, e).count());
+    }
   }
-  atomicAdd(&active, mine);
   __syncthreads();
   for (int32_t e = threadIdx.x; e < e_count; e += blockDim.x) {
     order[ranked ? ragged_k_rank(rows, e_count, e) : e] = e;
   }
   if (threadIdx.x == 0) {
-    order[e_count] = ranked ? active : e_count;
+    order[e_count] = e_count;
     order[e_count + 1] = static_cast<int32_t>(p.k);
     order[e_count + 2] = static_cast<int32_t>(p.n);
   }
 }
 
+// One block: the GEMM writes every group's gradient, an empty group's as zeros (its tiles
+// run with no k-blocks, ragged_k_variants.cuh).
 __global__ void ragged_k_setup_kernel(GemmProblem p, GroupArrays g) {
-  const int64_t out = elem_bytes(p.d.elem);
-  if (blockIdx.x == 0 && blockIdx.y == 0) {
-    // Before the offsets are checked: the ranks are a permutation whatever the rows hold,
-    // so the writes stay in bounds, and a bad offs traps just below.
-    write_ragged_k_order(p, g.problem_shapes + 3 * p.num_groups);
-    for (int32_t e = threadIdx.x; e < p.num_groups; e += blockDim.x) {
-      const GroupRows r = group_rows(p.offs, e);
-      require_valid_rows(r, p.m, e, "ragged_k_gemm");
-      ragged_k_problem(r, p.n, p.k, g.problem_shapes + 3 * e);
-      g.a[e] = at(p.a.ptr, r.begin * p.a.ld, p.a.elem);
-      g.b[e] = at(p.b.ptr, r.begin * p.b.ld, p.b.elem);
-      g.d[e] = const_cast<char*>(at(p.d.ptr, e * p.k * p.n, p.d.elem));
-      g.lda[e] = p.a.ld;
-      g.ldb[e] = p.b.ld;
-      g.ldd[e] = p.d.ld;
-    }
-  }
-  // The gradient of an empty group is exactly zero; its tiles are never scheduled.
-  for (int32_t e = blockIdx.y; e < p.num_groups; e += gridDim.y) {
+  // Before the offsets are checked: the ranks are a permutation whatever the rows hold,
+  // so the writes stay in bounds, and a bad offs traps just below.
+  write_ragged_k_order(p, g.problem_shapes + 3 * p.num_groups);
+  for (int32_t e = threadIdx.x; e < p.num_groups; e += blockDim.x) {
     const GroupRows r = group_rows(p.offs, e);
-    if (r.count() != 0) continue;
-    zero_rows(const_cast<char*>(at(p.d.ptr, e * p.k * p.n, p.d.elem)), p.k, p.n * out, p.n * out,
-              static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<int64_t>(gridDim.x) * blockDim.x);
+    require_valid_rows(r, p.m, e, "ragged_k_gemm");
+    ragged_k_problem(r, p.n, p.k, g.problem_shapes + 3 * e);
+    g.a[e] = at(p.a.ptr, r.begin * p.a.ld, p.a.elem);
+    g.b[e] = at(p.b.ptr, r.begin * p.b.ld, p.b.elem);
+    g.d[e] = const_cast<char*>(at(p.d.ptr, e * p.k * p.n, p.d.elem));
+    g.lda[e] = p.a.ld;
+    g.ldb[e] = p.b.ld;
+    g.ldd[e] = p.d.ld;
   }
 }
 
@@ -202,14 +189,7 @@ cudaError_t launch_group_setup(const GemmProblem& p, const GroupArrays& groups, 
     ragged_m_setup_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, groups, row_partial);
     return cudaGetLastError();
   }
-  const int64_t words = p.k * p.n * elem_bytes(p.d.elem) / 16;
-  // Blocks per group for zeroing an empty group's gradient: enough to stream it at full
-  // bandwidth when there are few groups, few when there are many (most blocks only find
-  // their group non-empty and exit).
-  const int64_t y_blocks = std::min<int64_t>(p.num_groups, 1024);
-  const int64_t x_blocks = std::clamp<int64_t>(std::min<int64_t>(words / (kThreads * 4), 4096 / y_blocks), 1, 128);
-  ragged_k_setup_kernel<<<dim3(static_cast<unsigned>(x_blocks), static_cast<unsigned>(y_blocks)), kThreads, 0,
-                          stream>>>(p, groups);
+  ragged_k_setup_kernel<<<1, kThreads, 0, stream>>>(p, groups);
   return cudaGetLastError();
 }
 

@@ -68,11 +68,11 @@ CUTE_MOE_HOST_DEVICE void ragged_m_problem(GroupRows r, int64_t n, int64_t k, in
 }
 
 // (M, N, K) of group e in ragged K: (k x n) output reduced over the group's rows. An
-// empty group gets M = 0 so the scheduler gives it no tile (CUTLASS would leave a K = 0
-// accumulator unset); its output is zero-filled by the setup kernel instead.
+// empty group keeps its whole output, K = 0: its tiles run with no k-blocks and store
+// zeros (ragged_k_variants.cuh clears their accumulators).
 CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, int32_t out[3]) {
   const int32_t rows = static_cast<int32_t>(r.count());
-  out[0] = rows > 0 ? static_cast<int32_t>(k) : 0;
+  out[0] = static_cast<int32_t>(k);
   out[1] = static_cast<int32_t>(n);
   out[2] = rows > 0 ? rows : 0;
 }
@@ -84,7 +84,7 @@ GroupArrays carve_group_arrays(void* base, const GemmProblem& p);
 
 // Enqueues the setup kernel of `p`: fills `groups` (carved for p) from the device offsets,
 // checks them, and writes the zeros the GEMM does not (ragged M: padding rows of D and aux;
-// ragged K: the blocks of empty groups). row_partial: p.row_scale_grad's (tiles, m) scratch.
+// ragged K has none). row_partial: p.row_scale_grad's (tiles, m) scratch.
 cudaError_t launch_group_setup(const GemmProblem& p, const GroupArrays& groups, float* row_partial, int sm_count,
                                cudaStream_t stream);
 

@@ -211,14 +211,20 @@ Result check_workspace(const char* op, const Plan& plan, void* workspace, size_t
 }
 
 // The setup kernel (per-group arrays from offs, zeros the GEMM does not write), then the
-// planned kernel. A ragged-K problem without rows has only empty groups: the setup kernel
-// writes their zeros and no GEMM runs.
+// planned kernel. A ragged-K problem without rows has only empty groups: a memset writes
+// their zeros and no GEMM runs (it would read no operand).
 Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* workspace, cudaStream_t stream) {
   const detail::GroupArrays groups = detail::carve_group_arrays(workspace, p);
   float* partial = p.row_scale_grad ? plan.scratch(workspace) : nullptr;
   cudaError_t err = detail::launch_group_setup(p, groups, partial, plan.sm_count, stream);
   if (err != cudaSuccess) return cuda_error("grouped GEMM setup kernel", err);
-  if (p.m == 0) return Result::success();
+  if (p.m == 0) {
+    if (is_ragged_m(p)) return Result::success();
+    const size_t elem = static_cast<size_t>(detail::elem_bytes(p.d.elem));
+    err = cudaMemset2DAsync(const_cast<void*>(p.d.ptr), static_cast<size_t>(p.d.ld) * elem, 0,
+                            static_cast<size_t>(p.n) * elem, static_cast<size_t>(p.num_groups * p.k), stream);
+    return err == cudaSuccess ? Result::success() : cuda_error("ragged-K zero fill (no rows)", err);
+  }
   detail::LaunchContext ctx;
   ctx.device = plan.device;
   ctx.sm_count = plan.sm_count;

@@ -9,14 +9,17 @@
 // the average, against 2-12% in the groups' own order, which at 33 cluster tiles per group
 // and 66 clusters hands half the CTAs every even group and half every odd one).
 //
+// An empty group's tiles run with no k-blocks and store its zero gradient (a store each,
+// no math), last: the same bytes as a zero fill ahead of the GEMM, and the same time
+// (Qwen3-30B-A3B under skew: -38 us of setup kernel, +37 us of GEMM; spread evenly among
+// the other groups instead, no better: docs/perf-notes.md, session 16).
+//
 // The setup kernel writes it right after the groups' problem shapes, in the same array:
 //   order[0, E)   group ids by rows, deepest first (ties: lower id first), empty groups last
-//   order[E]      the number of non-empty groups (the scheduler's groups; an empty group's
-//                 gradient is zero-filled by the setup kernel)
+//   order[E]      the number of groups the scheduler walks: all E
 //   order[E + 1]  M, order[E + 2] N: the output shape every group shares
 // Above kMaxOrderedGroups groups the ranking would cost the setup kernel too much; the
-// order is then the ids' own, every group counted (an empty group's tiles have M = 0 and
-// store nothing).
+// order is then the ids' own.
 #pragma once
 
 #include <cstdint>

@@ -50,7 +50,8 @@ TEST(ProblemShapes, RaggedMAndRaggedK) {
   ragged_k_problem({100, 164}, 2880, 5760, s);
   EXPECT_EQ(s[0], 5760); EXPECT_EQ(s[1], 2880); EXPECT_EQ(s[2], 64);
   ragged_k_problem({164, 164}, 2880, 5760, s);
-  EXPECT_EQ(s[0], 0);  // skipped by the scheduler, zero-filled by the setup kernel
+  EXPECT_EQ(s[0], 5760);  // whole output tiles, no k-blocks: the GEMM stores zeros
+  EXPECT_EQ(s[1], 2880);
   EXPECT_EQ(s[2], 0);
 }
 

@@ -131,6 +131,23 @@ def test_wgrad_op(case, out_dtype, bias_grad):
         assert db.shape == (0,) and db.dtype == F32
 
 
+# Every group empty: with rows (all padding) the GEMM runs every tile with no k-blocks and
+# stores zeros; with none a memset writes them (no GEMM).
+@pytest.mark.parametrize("out_dtype", [BF16, F32])
+@pytest.mark.parametrize("m", [0, 37])
+@pytest.mark.parametrize("e", [3, 1024, 1500])
+def test_wgrad_op_with_every_group_empty(e, m, out_dtype):
+    k, n = 136, 200
+    x = torch.randn(m, k, device="cuda").to(BF16)
+    dy = torch.randn(m, n, device="cuda").to(BF16)
+    offs = torch.zeros(e, dtype=torch.int32, device="cuda")
+    _poison((e, k, n * (2 if out_dtype == F32 else 1)))
+    dw, db = torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs, out_dtype, True)
+    assert dw.shape == (e, k, n) and dw.dtype == out_dtype
+    assert torch.all(dw == 0), "dw: empty groups not exactly zero"
+    assert torch.all(db == 0), "db: empty groups not exactly zero"
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c["e"] in (7, 1024)][:4], ids=_case_id)
 def test_deterministic(case):
     p, dy = _problem(case)

@@ -16,7 +16,7 @@
 // roles. This scheduler keeps that structure and maps a linear cluster-tile index q to
 // (group, m, n) itself: every group of a ragged-K launch has the same output tiles, so
 // q / (cluster tiles per group) is the group's place in the walking order the setup kernel
-// wrote (ragged_k_order.h: deepest first, empty groups left out), and the rest its cluster
+// wrote (ragged_k_order.h: deepest first, empty groups last), and the rest its cluster
 // tile, along the raster order. Where q comes from:
 //   first tile   the CTA's cluster index (no atomics for the first wave)
 //   next tiles   dynamic: clusters in the grid + ticket, ticket = atomicAdd(counter);
