@@ -13,6 +13,9 @@
 # - with the op library: torch.compile(fullgraph=True) of a converted module, eager's bits;
 # - FSDP2 (gloo, one and two processes): converted after fully_shard, DTensor placements
 #   of parameters and gradients unchanged, results equal to torchtitan's experts;
+# - expert parallelism (gloo, EP = 2): converted before parallelization, cute_moe's reorder
+#   of the received rows gives torchtitan's results, whose own padded permutation (run on
+#   the CPU through its index kernel's CPU path) unconverted modules keep;
 # - errors: experts classes with a forward of their own, quantized parameter types,
 #   models without experts, unsupported devices.
 # torchtitan's MoE router counts tokens with torch.histc on int64, which has no CPU
@@ -292,10 +295,71 @@ def test_fsdp2_sharded_parameters_and_gradients(family, world):
     """fully_shard over `world` gloo processes, then convert: parameters and gradients
     stay DTensors with FSDP's placements, and every rank's output and (reduce-scattered)
     gradients equal torchtitan's experts sharded the same way."""
+    _spawn(_fsdp_worker, world, family)
+
+
+# --- expert parallelism (gloo) -------------------------------------------------------------
+
+EP_COUNTS = [[17, 1, 0, 3, 0, 2], [0, 5, 2, 0, 9, 1]]  # per rank: empty chunks, one-rank experts
+
+
+def _ep_run(module, x, counts, dy):
+    """Output and the gradients of x and this rank's parameter shards, by name."""
+    out = _run(module, x, counts, dy)
+    return {n: v.to_local() if hasattr(v, "to_local") else v for n, v in out.items()}
+
+
+def _ep_worker(rank, world, port, family, errors):
+    try:
+        import functools
+
+        import torchtitan.models.moe.utils as moe_utils
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+        from torchtitan.distributed.expert_parallel import ExpertParallel
+        from cute_moe.integrations import torchtitan_expert_parallel as cep
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+        # torchtitan's own permutation on the CPU: its index kernel's CPU path
+        moe_utils.generate_permute_indices = functools.partial(
+            moe_utils.generate_permute_indices, use_cpu=True)
+        theirs = _experts(family, std=0.3)
+        ours = ctt.convert(copy.deepcopy(theirs))  # before parallelizing: cute_moe's reorder
+        assert cep.installed()
+        styles = {"theirs": ExpertParallel(), "ours": ExpertParallel()}
+        parallelize_module(theirs, mesh, styles["theirs"])
+        parallelize_module(ours, mesh, styles["ours"])
+        args = _inputs(theirs, EP_COUNTS[rank], seed=1 + rank, scale=2.0)
+        got, want = _ep_run(ours, *args), _ep_run(theirs, *args)
+        # each took its own route: torchtitan's padded permutation, cute_moe's gathers
+        assert styles["theirs"].permuted_indices is not None
+        assert styles["ours"].permuted_indices is None and hasattr(styles["ours"], cep._STATE)
+        assert set(got) == set(want)
+        for name in want:
+            testing.assert_rel_close(got[name], want[name], f"rank {rank} {family}: {name}",
+                                     tol=testing.tolerance(F32))
+        dist.barrier()  # every collective done before the group goes (gloo aborts otherwise)
+        dist.destroy_process_group()
+    except BaseException as exc:  # reported by the parent
+        errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
+        raise
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_parallel_reorder_matches_torchtitans(family):
+    """EP = 2 over two gloo processes, the experts converted before parallelization: every
+    rank's output and input gradient, and its shards' gradients, equal torchtitan's experts
+    under torchtitan's own dispatch (its padded permutation), which unconverted modules
+    keep."""
+    _spawn(_ep_worker, 2, family)
+
+
+def _spawn(worker, world, family):
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_fsdp_worker, args=(r, world, port, family, errors))
+    procs = [ctx.Process(target=worker, args=(r, world, port, family, errors))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -11,7 +11,8 @@
 #   torch.compile (which leaves the experts eager);
 # - a converted experts module under torch.compile(fullgraph=True), forward and backward.
 # Needs an SM90 GPU and the op library. The CPU twins are in
-# test_integration_torchtitan_cpu.py; FSDP2 + EP=2 on two GPUs: scripts/torchtitan_2gpu.sh.
+# test_integration_torchtitan_cpu.py. With two GPUs: expert parallelism (EP = 2, NCCL) of one
+# experts module against torchtitan's; whole models under FSDP2 + EP=2: scripts/torchtitan_2gpu.sh.
 import copy
 
 import pytest
@@ -237,3 +238,72 @@ def test_converted_experts_compile_fullgraph(family):
     got.update({n: p.grad.float() for n, p in ours.named_parameters()})
     for name in want:
         testing.assert_rel_close(got[name], want[name], f"{family} compiled: {name}", tol=1e-2)
+
+
+# --- expert parallelism on two GPUs (NCCL) -----------------------------------------------
+
+EP_COUNTS = [[130, 0, 77, 512, 1, 64, 200, 33], [0, 90, 3, 0, 256, 17, 0, 8]]
+
+
+def _ep_worker(rank, world, port, family, errors):
+    try:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+        from torchtitan.distributed.expert_parallel import ExpertParallel
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("ep",))
+        ref = _experts(family, grouped_mm=False)  # fp32, torchtitan's loop, its own dispatch
+        theirs = copy.deepcopy(ref).to(BF16)
+        theirs.use_grouped_mm = True
+        ours = ctt.convert(copy.deepcopy(ref).to(BF16))  # before parallelizing: our reorder
+        styles = [ExpertParallel() for _ in range(3)]
+        for m, style in zip((ref, theirs, ours), styles):
+            parallelize_module(m, mesh, style)
+        args = _inputs(EP_COUNTS[rank], seed=1 + rank)
+
+        def run(m, dtype):
+            out = _run(m, *args, dtype)
+            return {n: v.to_local() if hasattr(v, "to_local") else v for n, v in out.items()}
+
+        want, base, got = run(ref, F32), run(theirs, BF16), run(ours, BF16)
+        assert styles[2].permuted_indices is None and styles[1].permuted_indices is not None
+        for name in want:
+            err, berr = testing.rel_error(got[name], want[name]), testing.rel_error(base[name], want[name])
+            assert err <= max(testing.tolerance(BF16), 1.5 * berr), (rank, family, name, err, berr)
+        again = run(ours, BF16)  # deterministic, all-to-alls included
+        assert all(torch.equal(again[n], got[n]) for n in got)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as exc:  # reported by the parent
+        errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
+        raise
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (FSDP2 + EP runs: "
+                    "scripts/torchtitan_2gpu.sh)")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_parallel_on_two_gpus(family):
+    """EP = 2 over NCCL, converted before parallelization (cute_moe's reorder, unpadded):
+    every rank's output, input gradient and expert shards' gradients within bf16 rounding
+    of the fp32 experts, as close as torchtitan's bf16 experts under its own dispatch;
+    bitwise repeatable."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_ep_worker, args=(r, 2, port, family, errors)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    assert not msgs and all(p.exitcode == 0 for p in procs), msgs or [p.exitcode for p in procs]

@@ -176,6 +176,32 @@ def test_dispatch_metadata(tokens, k, e):
     assert torch.equal(d.prob, weights.reshape(-1)[rows.argsort()])
 
 
+@pytest.mark.parametrize("counts", [[[4, 2, 1, 3], [1, 2, 3, 4]], [[0, 5, 0], [2, 0, 0], [0, 1, 7]],
+                                    [[0, 0], [0, 0]], [[9]]])
+def test_sort_received_orders_by_expert_then_rank(counts):
+    """Expert parallelism: rows arrive by (source rank, expert); sorted by (expert, rank),
+    each chunk's rows in their arrival order (a loop over the chunks says where)."""
+    c = torch.tensor(counts)
+    ranks, e = c.shape
+    m = int(c.sum())
+    d = dispatch_mod.sort_received(c, m)
+    start = {}
+    pos = 0
+    for r in range(ranks):
+        for ex in range(e):
+            start[r, ex] = pos
+            pos += counts[r][ex]
+    want = [start[r, ex] + i for ex in range(e) for r in range(ranks) for i in range(counts[r][ex])]
+    assert d.row_token.dtype == d.token_rows.dtype == d.offs.dtype == torch.int32
+    assert d.row_token.tolist() == want and d.token_rows.shape == (m, 1)
+    assert torch.equal(d.token_rows.view(-1)[d.row_token.long()], torch.arange(m, dtype=torch.int32))
+    assert torch.equal(d.offs, c.sum(0).cumsum(0).to(torch.int32)) and d.prob is None
+    x = torch.randn(m, 8, dtype=F64, requires_grad=True)
+    xs = dispatch_mod.permute(x, d)
+    assert torch.equal(xs, x[torch.tensor(want, dtype=torch.long)])
+    assert torch.equal(dispatch_mod.unpermute(xs, d), x)  # the combine puts them back
+
+
 def test_permute_unpermute():
     """Values and gradients of the row gather and the combine on the dispatch metadata."""
     torch.manual_seed(4)

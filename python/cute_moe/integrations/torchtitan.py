@@ -4,10 +4,13 @@
 #     experts(x (R, D) sorted by expert, num_tokens_per_expert (E_local,)) -> (R, D)
 # with the router scores applied outside it (before or after, score_before_experts).
 # Under expert parallelism, ExpertParallel's forward hooks wrap that call: the all-to-all
-# and a permute that pads every expert's group to a multiple of 8 rows (the extra rows are
-# zeros past the last group, which the kernels leave zero), and the parameters are DTensors
-# that the forward reads through .to_local(), as torchtitan's own does. FSDP2 all-gathers
-# them before the forward and reduce-scatters their gradients after the backward.
+# and a reorder by local expert. For converted modules that reorder is cute_moe's (one
+# deterministic gather each way, no padding rows: torchtitan_expert_parallel.py, installed
+# by convert()); torchtitan's own pads every expert's group to a multiple of 8 rows with
+# zeros, which the kernels serve too (a model parallelized before its conversion keeps it).
+# The parameters are DTensors that the forward reads through .to_local(), as torchtitan's
+# own does. FSDP2 all-gathers them before the forward and reduce-scatters their gradients
+# after the backward.
 #
 # convert(model) switches every experts module to a subclass of its own class whose forward
 # runs cute_moe.expert_ffn (the two fused grouped GEMMs). Nothing else changes: the same
@@ -49,6 +52,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.models.moe.moe import GroupedExperts
 
 from .. import _library
+from . import torchtitan_expert_parallel as _expert_parallel
 from ..activations import DEFAULT_ALPHA
 from ..expert_ffn import expert_ffn
 from ..reference.groups import offsets_from_counts
@@ -77,9 +81,11 @@ def convert(model: nn.Module) -> nn.Module:
     GptOssGroupedExperts; `model` itself may be one) to cute_moe's fused kernels, in place,
     keeping its parameters, their names and placements, and its hooks. Idempotent. Works
     on a model on the meta device (as torchtitan's model converters see it), before or
-    after parallelization. Raises UnsupportedExpertsError for an experts class whose
+    after parallelization (before: expert parallelism then reorders the experts' rows
+    with cute_moe's gathers, torchtitan_expert_parallel.py). Raises UnsupportedExpertsError for an experts class whose
     forward is not one of those (e.g. a quantized variant), ValueError when the model has
     no experts module. Returns the model."""
+    _expert_parallel.install(is_converted)
     found = 0
     for name, module in model.named_modules():
         family = _family(module)

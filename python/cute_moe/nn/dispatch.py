@@ -11,7 +11,8 @@ import torch
 from ..permute import permute as _gather_rows
 from ..permute import unpermute as _combine_rows
 
-__all__ = ["Dispatch", "sort_by_expert", "tokens_per_expert", "permute", "unpermute"]
+__all__ = ["Dispatch", "sort_by_expert", "sort_received", "tokens_per_expert", "permute",
+           "unpermute"]
 
 
 class Dispatch(NamedTuple):
@@ -49,6 +50,31 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int,
                                                         device=dev), right=True, out_int32=True)
     prob = None if weights is None else weights.reshape(-1).gather(0, order)
     return Dispatch(row_token, token_rows, offs, prob)
+
+
+def sort_received(counts: torch.Tensor, rows: int) -> Dispatch:
+    """Expert parallelism: the Dispatch that sorts by expert the rows an all-to-all
+    delivered. counts (R, E): rows from source rank r for local expert e, which arrive
+    ordered by rank, then expert; rows: their total (the host has it: the all-to-all's
+    splits needed it). Within an expert the rows keep the ranks' order (torchtitan's
+    permutation, without its padding rows). Each received row is one routed row (k = 1):
+    token_rows (rows, 1), prob None. Device work only."""
+    if counts.dim() != 2:
+        raise ValueError(f"sort_received: counts: expected a (ranks, experts) tensor, got shape "
+                         f"{tuple(counts.shape)}")
+    c = counts.to(torch.int64)
+    ranks, experts = c.shape
+    dev = c.device
+    # each (rank, expert) chunk's end in the received order (rank-major) and in the sorted
+    # order (expert-major), both indexed rank-major: a row moves by their difference
+    received_end = c.reshape(-1).cumsum(0)
+    sorted_end = c.t().reshape(-1).cumsum(0).view(experts, ranks).t().reshape(-1)
+    t = torch.arange(rows, device=dev)
+    chunk = torch.searchsorted(received_end, t, right=True).clamp_(max=ranks * experts - 1)
+    row = t + (sorted_end - received_end)[chunk]
+    row_token = torch.empty(rows, dtype=torch.int32, device=dev).scatter_(0, row, t.to(torch.int32))
+    offs = torch.cumsum(c.sum(0), 0, dtype=torch.int32)
+    return Dispatch(row_token, row.to(torch.int32).view(rows, 1), offs, None)
 
 
 def tokens_per_expert(offs: torch.Tensor) -> torch.Tensor:
