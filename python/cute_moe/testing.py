@@ -241,6 +241,32 @@ def device_trap_output(setup: str, call: str) -> str:
     return out
 
 
+def run_workers(worker, world: int, *args, timeout: float = 300) -> None:
+    """Runs worker(rank, world, port, *args, errors) in `world` spawned processes (a
+    distributed test: `port` is a free local TCP port for init_process_group, `errors` a
+    queue for the worker's failure messages) and asserts that every one exited cleanly
+    with nothing reported."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=worker, args=(rank, world, port, *args, errors))
+             for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    codes = [p.exitcode for p in procs]
+    assert not msgs and all(c == 0 for c in codes), msgs or codes
+
+
 class OpLog(TorchDispatchMode):
     """Records the cute_moe ops dispatched while it is active: their names (calls) and,
     in the same order, their arguments as dispatched (args: (args, kwargs) pairs)."""

@@ -22,14 +22,12 @@
 # kernel, so whole models run in the GPU twin only (test_integration_torchtitan_gpu.py).
 import copy
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed "
                     "(pip install --no-deps -r requirements-torchtitan.txt)")
@@ -254,12 +252,6 @@ def _run_fn(fn, module, x, counts, dy):
 
 # --- FSDP2 (gloo) ----------------------------------------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fsdp_worker(rank, world, port, family, errors):
     try:
         from torch.distributed.device_mesh import init_device_mesh
@@ -295,7 +287,7 @@ def test_fsdp2_sharded_parameters_and_gradients(family, world):
     """fully_shard over `world` gloo processes, then convert: parameters and gradients
     stay DTensors with FSDP's placements, and every rank's output and (reduce-scattered)
     gradients equal torchtitan's experts sharded the same way."""
-    _spawn(_fsdp_worker, world, family)
+    testing.run_workers(_fsdp_worker, world, family, timeout=240)
 
 
 # --- expert parallelism (gloo) -------------------------------------------------------------
@@ -352,23 +344,7 @@ def test_expert_parallel_reorder_matches_torchtitans(family):
     rank's output and input gradient, and its shards' gradients, equal torchtitan's experts
     under torchtitan's own dispatch (its padded permutation), which unconverted modules
     keep."""
-    _spawn(_ep_worker, 2, family)
-
-
-def _spawn(worker, world, family):
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, family, errors))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    msgs = []
-    while not errors.empty():
-        msgs.append(errors.get())
-    assert not msgs and all(p.exitcode == 0 for p in procs), msgs or [p.exitcode for p in procs]
+    testing.run_workers(_ep_worker, 2, family, timeout=240)
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -290,20 +290,4 @@ def test_expert_parallel_on_two_gpus(family):
     every rank's output, input gradient and expert shards' gradients within bf16 rounding
     of the fp32 experts, as close as torchtitan's bf16 experts under its own dispatch;
     bitwise repeatable."""
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_ep_worker, args=(r, 2, port, family, errors)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    msgs = []
-    while not errors.empty():
-        msgs.append(errors.get())
-    assert not msgs and all(p.exitcode == 0 for p in procs), msgs or [p.exitcode for p in procs]
+    testing.run_workers(_ep_worker, 2, family)
