@@ -202,6 +202,18 @@ def test_sort_received_orders_by_expert_then_rank(counts):
     assert torch.equal(dispatch_mod.unpermute(xs, d), x)  # the combine puts them back
 
 
+def test_sort_received_padding_rows_and_bad_arguments():
+    c = torch.tensor([[2, 1], [1, 3]])
+    d = dispatch_mod.sort_received(c, 9)  # two padding rows past the 7 counted: in place
+    assert d.row_token.tolist() == [0, 1, 3, 2, 4, 5, 6, 7, 8] and d.offs.tolist() == [3, 7]
+    assert d.token_rows.view(-1).tolist() == [0, 1, 3, 2, 4, 5, 6, 7, 8]
+    for counts, rows, what in ((torch.tensor([2, 1]), 3, "counts"), (torch.ones(2, 2), 4, "counts"),
+                               (torch.ones(2, 0, dtype=torch.int64), 0, "counts"),
+                               (c, -1, "rows"), (c, 6.0, "rows"), (c, True, "rows")):
+        with pytest.raises(ValueError, match=what):
+            dispatch_mod.sort_received(counts, rows)
+
+
 def test_permute_unpermute():
     """Values and gradients of the row gather and the combine on the dispatch metadata."""
     torch.manual_seed(4)

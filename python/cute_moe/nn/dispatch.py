@@ -56,12 +56,18 @@ def sort_received(counts: torch.Tensor, rows: int) -> Dispatch:
     """Expert parallelism: the Dispatch that sorts by expert the rows an all-to-all
     delivered. counts (R, E): rows from source rank r for local expert e, which arrive
     ordered by rank, then expert; rows: their total (the host has it: the all-to-all's
-    splits needed it). Within an expert the rows keep the ranks' order (torchtitan's
-    permutation, without its padding rows). Each received row is one routed row (k = 1):
-    token_rows (rows, 1), prob None. Device work only."""
-    if counts.dim() != 2:
-        raise ValueError(f"sort_received: counts: expected a (ranks, experts) tensor, got shape "
-                         f"{tuple(counts.shape)}")
+    splits needed it; rows past the counts' total, if any, are padding that stays in
+    place). Within an expert the rows keep the ranks' order (torchtitan's permutation,
+    without its padding rows). Each received row is one routed row (k = 1): token_rows
+    (rows, 1), prob None. Device work only (fewer rows than the counts say stop the device's
+    scatter with an index error)."""
+    if not isinstance(counts, torch.Tensor) or counts.dim() != 2 or counts.shape[1] == 0 \
+            or counts.is_floating_point() or counts.is_complex():
+        raise ValueError(f"sort_received: counts: expected an integer (ranks, experts) tensor with "
+                         f"at least one expert, got {counts!r:.80}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"sort_received: rows: expected the received rows' count (an int >= 0), "
+                         f"got {rows!r}")
     c = counts.to(torch.int64)
     ranks, experts = c.shape
     dev = c.device
