@@ -2,8 +2,9 @@
 // from the device-resident offsets, plus the zeros the GEMM does not write (ragged M).
 //
 // Block 0 fills the arrays (one thread per group, striding over groups) and checks the
-// offsets; every block then helps with the zero fill. A bad `offs` stops the kernel with
-// a printed message and a trap, so the GEMM queued behind it never runs on it.
+// offsets; in ragged M every block then helps with the zero fill (ragged K launches one
+// block). A bad `offs` stops the kernel with a printed message and a trap, so the GEMM
+// queued behind it never runs on it.
 #include <algorithm>
 #include <cstdio>
 #include <type_traits>

@@ -82,9 +82,10 @@ def convert(model: nn.Module) -> nn.Module:
     keeping its parameters, their names and placements, and its hooks. Idempotent. Works
     on a model on the meta device (as torchtitan's model converters see it), before or
     after parallelization (before: expert parallelism then reorders the experts' rows
-    with cute_moe's gathers, torchtitan_expert_parallel.py). Raises UnsupportedExpertsError for an experts class whose
-    forward is not one of those (e.g. a quantized variant), ValueError when the model has
-    no experts module. Returns the model."""
+    with cute_moe's gathers, torchtitan_expert_parallel.py). Raises
+    UnsupportedExpertsError for an experts class whose forward is not one of those (e.g. a
+    quantized variant), ValueError when the model has no experts module. Returns the
+    model."""
     _expert_parallel.install(is_converted)
     found = 0
     for name, module in model.named_modules():
