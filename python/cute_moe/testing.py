@@ -14,8 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .reference.groups import offsets_from_counts
 
-__all__ = ["assert_empty_batch", "device_trap_output", "ROUTINGS", "TOLERANCE", "tolerance", "rel_error", "assert_rel_close",
-           "group_sizes", "Problem", "random_problem", "ExpertFFN", "random_expert_ffn"]
+__all__ = ["assert_empty_batch", "device_trap_output", "run_workers", "ROUTINGS", "TOLERANCE", "tolerance",
+           "rel_error", "assert_rel_close", "group_sizes", "Problem", "random_problem", "ExpertFFN",
+           "random_expert_ffn"]
 
 # Largest accepted ||out - ref|| / ||ref|| against an fp32 (or finer) ground truth,
 # keyed by the dtype the output is rounded to.

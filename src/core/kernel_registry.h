@@ -137,9 +137,9 @@ const std::vector<KernelEntry>& kernel_registry();
 // out, kernel_space.py's LIMIT_FREE) where one is compiled, else index itself.
 int limit_free_kernel(const std::vector<KernelEntry>& registry, int index);
 
-
 // The compiled arch whose kernels run on this device, or kNotSupported saying in one
-// sentence which devices are supported.
+// sentence which devices are supported (the first registry row compiled for the device's
+// compute capability decides).
 Result kernel_arch_for(const DeviceInfo& device, Arch* arch);
 
 }  // namespace cute_moe::detail
