@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-# The FP8 ragged-M grouped GEMM (cute_moe.fp8.grouped_mm: e4m3 operands, 1x128 / 128x128
-# block scales, docs/fp8.md) against, on the same inputs in the same run, timed call by
-# call in turn (cute_moe.bench.runner.alternating_ms):
+# The FP8 grouped GEMMs (docs/fp8.md) against, on the same inputs in the same run, timed call
+# by call in turn (cute_moe.bench.runner.alternating_ms):
+# * forward (ragged M, cute_moe.fp8.grouped_mm: e4m3 operands, 1x128 / 128x128 block scales):
 #   bf16      cute_moe's bf16 GEMM (cute_moe.grouped_mm) of the unquantized operands
 #   torch-fp8 torch._scaled_grouped_mm: e4m3 with rowwise scales (one per row of x, one per
 #             output column of each expert), torch 2.11's FP8 grouped GEMM
-# for the forward GEMMs of the GPT-OSS-20B and Qwen3-30B-A3B expert layers (up and down
-# projection), balanced routing; TFLOP/s of the routed rows. Quantization is not timed here
-# (its inputs are prepared once). Each side's result is checked: ours against the fp32
-# reference of the same quantized inputs (cute_moe.ops.fp8.reference_grouped_mm_fp8),
-# both FP8 sides against bf16.
+# * weight gradients (ragged K, cute_moe.fp8.grouped_mm_wgrad: both operands by 128x1 blocks
+#   of each expert's rows, quantize_128x1's transposed copies):
+#   bf16      cute_moe's bf16 weight gradient (torch.ops.cute_moe.grouped_mm_wgrad)
+#   fp8 + quantize  the FP8 GEMM with the two 128x1 quantizations of its bf16 operands
+# for the GEMMs of the GPT-OSS-20B and Qwen3-30B-A3B expert layers (up and down projection),
+# balanced routing; TFLOP/s of the routed rows. Quantization is not timed except where a side
+# says so (its inputs are prepared once). Each side's result is checked: ours against the
+# fp32 reference of the same quantized inputs, the FP8 sides against bf16.
 #
-#   python bench/bench_fp8_gemm.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 50] [--json out.json]
+#   python bench/bench_fp8_gemm.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--roles forward,wgrad]
+#       [--reps 50] [--json out.json]
 #       [--configs 128x128x128_2x1_coop,...]   (also each FP8 tile forced, as more sides)
 from __future__ import annotations
 
@@ -31,8 +35,11 @@ SHAPES = {
 }
 
 
-def gemms(s: dict):
-    """(name, k, n) of the layer's forward GEMMs."""
+def gemms(s: dict, role: str):
+    """(name, k, n) of the layer's forward GEMMs (k the reduction), or of its weight
+    gradients (dW (k, n) reduced over the routed rows)."""
+    if role == "wgrad":
+        return [("up wgrad", s["hidden"], 2 * s["inter"]), ("down wgrad", s["inter"], s["hidden"])]
     return [("up fprop", s["hidden"], 2 * s["inter"]), ("down fprop", s["inter"], s["hidden"])]
 
 
@@ -55,6 +62,55 @@ def forced(config, fn):
         finally:
             del os.environ["CUTE_MOE_CONFIG"]
     return call
+
+
+def _available(name, sides):
+    """The sides' first results, dropping those this build or torch cannot serve."""
+    outs = {}
+    for side, fn in list(sides.items()):
+        try:
+            outs[side] = fn()
+        except (RuntimeError, AttributeError) as exc:  # not compiled in, or torch's layout rules
+            print(f"# {name}: {side} unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
+            del sides[side]
+    torch.cuda.synchronize()
+    return outs
+
+
+def bench_wgrad(name, m, k, n, sizes, reps, warmup, seed, configs=()):
+    from cute_moe import fp8
+    from cute_moe.ops.fp8 import reference_grouped_mm_fp8_wgrad
+    e = len(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a_t, a_s = fp8.quantize_128x1(x, offs)
+    b_t, b_s = fp8.quantize_128x1(dy, offs)
+
+    def quantized():
+        return fp8.grouped_mm_wgrad(*fp8.quantize_128x1(x, offs), *fp8.quantize_128x1(dy, offs), offs)
+
+    sides = {
+        "fp8 (ours)": lambda: fp8.grouped_mm_wgrad(a_t, a_s, b_t, b_s, offs),
+        "fp8 + quantize": quantized,
+        "bf16 (ours)": lambda: torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs)[0],
+    }
+    for c in configs:
+        sides[f"fp8 {c}"] = forced(c, sides["fp8 (ours)"])
+    outs = _available(name, sides)
+    checks = {}
+    if "fp8 (ours)" in outs:
+        ref = reference_grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs).float()
+        checks = {s: rel_error(outs[s], ref) for s in outs if s.startswith("fp8")}
+        if "bf16 (ours)" in outs:
+            checks["fp8 (ours) vs bf16"] = rel_error(outs["fp8 (ours)"], outs["bf16 (ours)"])
+        del ref
+    del outs
+    times = alternating_ms({s: call_step(fn) for s, fn in sides.items()}, reps, warmup)
+    flops = 2.0 * sum(sizes) * k * n
+    return [dict(gemm=name, m=m, k=k, n=n, experts=e, side=s, ms=t[0], q1=t[1], q3=t[2],
+                 tflops=flops / t[0] / 1e9) for s, t in times.items()], checks
 
 
 def bench_one(name, m, k, n, sizes, reps, warmup, seed, configs=()):
@@ -86,14 +142,7 @@ def bench_one(name, m, k, n, sizes, reps, warmup, seed, configs=()):
     }
     for c in configs:
         sides[f"fp8 {c}"] = forced(c, sides["fp8 (ours)"])
-    outs = {}
-    for side, fn in list(sides.items()):
-        try:
-            outs[side] = fn()
-        except RuntimeError as exc:  # torch may not serve this layout or device
-            print(f"# {name}: {side} unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
-            del sides[side]
-    torch.cuda.synchronize()
+    outs = _available(name, sides)
     ref = reference_grouped_mm_fp8(xq, xs, wq, ws, offs)  # fp32, the same quantized inputs
     checks = {s: rel_error(outs[s], ref) for s in outs if s.startswith("fp8")}
     bf16 = outs["bf16 (ours)"]
@@ -110,6 +159,7 @@ def bench_one(name, m, k, n, sizes, reps, warmup, seed, configs=()):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FP8 grouped GEMM vs bf16 and torch._scaled_grouped_mm")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--roles", default="forward,wgrad", help="forward, wgrad or both")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
@@ -126,10 +176,12 @@ def main(argv=None) -> int:
         s = SHAPES[key]
         m = s["tokens"] * s["topk"]
         sizes = balanced_sizes(m, s["experts"])
-        for name, k, n in gemms(s):
+        jobs = [(role, name, k, n) for role in args.roles.split(",") for name, k, n in gemms(s, role)]
+        for role, name, k, n in jobs:
             configs = [c for c in args.configs.split(",") if c]
-            got, checks = bench_one(name, m, k, n, sizes, args.reps, args.warmup, args.seed, configs)
-            bf16_ms = next(r["ms"] for r in got if r["side"] == "bf16 (ours)")
+            run = bench_wgrad if role == "wgrad" else bench_one
+            got, checks = run(name, m, k, n, sizes, args.reps, args.warmup, args.seed, configs)
+            bf16_ms = next((r["ms"] for r in got if r["side"] == "bf16 (ours)"), float("nan"))
             for r in got:
                 r["shape"] = key
                 rows.append(r)
@@ -137,7 +189,7 @@ def main(argv=None) -> int:
                               f"{r['q1']:.3f}-{r['q3']:.3f}", fmt(r["tflops"], ".0f"), fmt(bf16_ms / r["ms"], ".2f")))
             check_lines.append((key, name) + tuple(f"{c}: {v:.1e}" for c, v in checks.items()))
             print(f"# {key} {name} done", file=sys.stderr)
-    print(f"FP8 grouped GEMM, forward, balanced routing; {torch.cuda.get_device_name()}; "
+    print(f"FP8 grouped GEMMs, balanced routing; {torch.cuda.get_device_name()}; "
           f"median of {args.reps} calls per side, sides in turn call by call")
     print_columns(lines, left=2)
     print("\nrelative errors (fp8 (ours): against the fp32 reference of the same quantized inputs; "

@@ -124,6 +124,11 @@ VARIANTS = (
     Variant("Fp8ActBwd", "fp8_act_backward",
             "fp8_act_backward (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)",
             "m", "backward", "fp8", "bf16", ab="e4m3"),
+    # The weight gradients: both operands by 128 x 1 blocks of the routed rows, transposed
+    # (quantize_fp8_128x1's q_t: k-major, each expert's rows whole 128-column blocks).
+    Variant("Fp8RaggedK", "fp8_ragged_k",
+            "fp8_ragged_k (e4m3 x e4m3, 128x1 block scales on both, k-major)", "k", "unfused",
+            "fp8", "bf16", ab="e4m3"),
 )
 
 # Per arch, the header (under src/core) that defines each variant family's traits.
@@ -170,6 +175,7 @@ TILES = {
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8RaggedK"): {"wide": _FP8_WIDE},
 }
 
 # Per (arch, variant), the tile roles that also get LIMIT_FREE twins: the fused kernels' mid

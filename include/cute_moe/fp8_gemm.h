@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cute_moe/fp8_quantize.h"     // fp8_group_row_blocks
 #include "cute_moe/fused_activation.h"  // ActivationOptions
 #include "cute_moe/grouped_gemm.h"      // GemmOptions, WorkspaceAllocator, kMaxGroups
 #include "cute_moe/status.h"
@@ -111,5 +112,41 @@ Result fp8_act_backward(const Fp8ActBackwardArgs& args, void* workspace, size_t 
                         const GemmOptions& opts = {});
 Result fp8_act_backward(const Fp8ActBackwardArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
                         const GemmOptions& opts = {});
+
+// The weight gradients: dw[e] = deq(a_e)^T @ deq(b_e), a (k x n) fp32 sum over the routed rows
+// of expert e rounded once to bf16; empty experts give exact zeros. The operands are
+// quantize_fp8_128x1's (fp8_quantize.h): the (m, k) and (m, n) row-sorted matrices by 128 x 1
+// blocks of each expert's rows, transposed, blocks = fp8_group_row_blocks(m, num_groups):
+//   a_t  e4m3 (k, 128 blocks), row stride lda_t: block b of expert e's rows in columns
+//        128 b .. 128 b + 127 (zeros past its last row); expert e's blocks follow those of
+//        the experts before it, ceil(rows_e / 128) of them
+//   a_scale  fp32 (blocks, k): element (b, i) at a_scale + b * a_scale_stride_block + i
+//   b_t, b_scale  the same for the (m, n) operand
+// deq(a_e)[r, i] = a_t[i, column of r] * a_scale[block of r, i].
+struct Fp8RaggedKGemmArgs {
+  int64_t m = 0;  // rows the operands were quantized from (an upper bound of offs[E-1])
+  int64_t k = 0;  // rows of each dw[e] (of a_t), a multiple of 16
+  int64_t n = 0;  // columns of each dw[e] (rows of b_t), a multiple of 16
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, num_groups cumulative end offsets
+
+  const void* a_t = nullptr;  // e4m3 (k, 128 blocks), row stride lda_t (a multiple of 16)
+  int64_t lda_t = 0;
+  const float* a_scale = nullptr;  // (blocks, k)
+  int64_t a_scale_stride_block = 0;
+  const void* b_t = nullptr;  // e4m3 (n, 128 blocks), row stride ldb_t (a multiple of 16)
+  int64_t ldb_t = 0;
+  const float* b_scale = nullptr;  // (blocks, n)
+  int64_t b_scale_stride_block = 0;
+  void* dw = nullptr;  // bf16 (num_groups, k, n) contiguous
+};
+
+Result validate(const Fp8RaggedKGemmArgs& args);
+Result workspace_size(const Fp8RaggedKGemmArgs& args, size_t* bytes, const GemmOptions& opts = {});
+Result fp8_ragged_k_gemm(const Fp8RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, const GemmOptions& opts = {});
+Result fp8_ragged_k_gemm(const Fp8RaggedKGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                         const GemmOptions& opts = {});
+Result chosen_tile_config(const Fp8RaggedKGemmArgs& args, std::string* name, const GemmOptions& opts = {});
 
 }  // namespace cute_moe

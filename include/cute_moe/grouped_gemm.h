@@ -189,14 +189,15 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
                         cudaStream_t stream);
 
 // Names of the tile configurations compiled into this build for each family (the bf16
-// ragged-M GEMMs, the bf16 ragged-K ones, the FP8 ragged-M ones of fp8_gemm.h).
-enum class GemmFamily { kRaggedM, kRaggedK, kFp8RaggedM };
+// ragged-M GEMMs, the bf16 ragged-K ones, the FP8 ragged-M and ragged-K ones of fp8_gemm.h).
+enum class GemmFamily { kRaggedM, kRaggedK, kFp8RaggedM, kFp8RaggedK };
 std::vector<std::string> list_tile_configs(GemmFamily family);
 
 // Every compiled kernel (the rows codegen/kernel_space.py declares): the call it serves
 // ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
 // "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol",
-// "act_backward_halves", "fp8_ragged_m"), the
+// "act_backward_halves", "fp8_ragged_m", "fp8_act_forward", "fp8_act_backward",
+// "fp8_ragged_k"), the
 // activation of its epilogue ("" for the plain GEMMs, else a name of activation.h:
 // "swiglu_oai", ..., "none") and its tile configuration's name (what GemmOptions::config /
 // CUTE_MOE_CONFIG take).

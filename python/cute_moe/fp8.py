@@ -13,13 +13,14 @@ from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
 from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
                       check_grouped_mm_fp8_args, check_quantize_128x128_args,
-                      check_quantize_128x1_args, check_quantize_1x128_args, reference_128x1,
-                      reference_128x128, reference_grouped_mm_fp8,
-                      reference_grouped_mm_fp8_act, reference_grouped_mm_fp8_act_bwd)
+                      check_grouped_mm_fp8_wgrad_args, check_quantize_128x1_args,
+                      check_quantize_1x128_args, reference_128x1, reference_128x128,
+                      reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
+                      reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "grouped_mm", "grouped_mm_act",
-           "grouped_mm_act_bwd", "expert_ffn"]
+           "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
 
 
 def _op(x: torch.Tensor) -> bool:
@@ -95,6 +96,23 @@ def grouped_mm_unchecked(x, x_scale, w, w_scale, offs, bias=None, row_scale=None
     if _op(x):
         return torch.ops.cute_moe.grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
     return reference_grouped_mm_fp8(x, x_scale, w, w_scale, offs, bias, row_scale)
+
+
+def grouped_mm_wgrad(a_t: torch.Tensor, a_scale: torch.Tensor, b_t: torch.Tensor,
+                     b_scale: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The FP8 weight gradient (ragged-K grouped GEMM): dw[e] = deq(a_e)^T @ deq(b_e), an
+    (k, n) fp32 sum over expert e's routed rows rounded once to bfloat16, (E, k, n); empty
+    experts exactly zero. a_t, a_scale and b_t, b_scale are quantize_128x1's outputs for the
+    (m, k) and (m, n) row-sorted operands (e.g. x and dpre for the up projection's weight):
+    e4m3 (k, 128 * blocks) and (n, 128 * blocks), scales (blocks, k) and (blocks, n), blocks =
+    ceil(m / 128) + E. No host sync on CUDA."""
+    check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs)
+    # the copies of m rows hold ceil(m / 128) + E blocks: offs within the largest such m
+    check_offs_values("grouped_mm_fp8_wgrad", offs, 128 * (a_scale.shape[0] - offs.shape[0]),
+                      "a_t's rows (128 * (blocks - E))")
+    if _op(a_t):
+        return torch.ops.cute_moe.grouped_mm_fp8_wgrad(a_t, a_scale, b_t, b_scale, offs)
+    return reference_grouped_mm_fp8_wgrad(a_t, a_scale, b_t, b_scale, offs)
 
 
 def grouped_mm_act(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

@@ -141,6 +141,22 @@ GemmProblem lower(const Fp8ActBackwardArgs& a) {
   return p;
 }
 
+GemmProblem lower(const Fp8RaggedKGemmArgs& a) {
+  GemmProblem p;
+  p.variant = KernelVariant::Fp8RaggedK;
+  p.m = a.m;
+  p.n = a.n;
+  p.k = a.k;
+  p.num_groups = a.num_groups;
+  p.offs = a.offs;
+  p.a = {a.a_t, a.lda_t, Elem::kE4M3};
+  p.a_scales = {a.a_scale, 0, 1, a.a_scale_stride_block};
+  p.b = {a.b_t, a.ldb_t, Elem::kE4M3};
+  p.b_scales = {a.b_scale, 0, 1, a.b_scale_stride_block};
+  p.d = {a.dw, a.n};  // (groups, k, n) contiguous
+  return p;
+}
+
 GroupedProblem heuristic_view(const GemmProblem& p) {
   GroupedProblem g{p.variant, p.m, p.n, p.k, p.num_groups};
   g.act = p.act;

@@ -57,7 +57,8 @@ struct GemmProblem {
   Operand a;                             // ragged M: x (m, k); ragged K: x (m, k), read as x^T
   const int32_t* gather_rows = nullptr;  // ragged M: A row r is row gather_rows[r] of a
   int64_t a_rows = 0;                    //   (which then has a_rows rows)
-  BlockScales a_scales;                  // FP8: A's 1 x 128 block scales, (m, ceil(k / 128))
+  BlockScales a_scales;                  // FP8: A's 1 x 128 block scales, (m, ceil(k / 128));
+                                         //   ragged K: (blocks, k) of a_t (below)
   Operand b;                             // ragged M: W[g] at b.ptr + g * b_group_stride;
   int64_t b_group_stride = 0;            //   ragged K: dy (m, n)
   bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
@@ -75,7 +76,13 @@ struct GemmProblem {
   const float* group_scale = nullptr;  // one per group (null: 1)
   const float* row_scale = nullptr;    // one per row of D (null: 1)
   bool row_scale_grad = false;         // act backward: per-row, per-tile-column partial sums
+  // FP8 ragged K (Fp8RaggedK): A and B are the transposed 128 x 1 operands a_t (k, 128 blocks)
+  // and b_t (n, 128 blocks), blocks = fp8_group_row_blocks(m, groups); group g reduces over its
+  // ceil(rows_g / 128) whole blocks, after those of the groups before it.
 };
+
+// Whether a ragged-K problem reads the 128 x 1 blocked FP8 operands (group = whole blocks).
+constexpr bool has_row_blocks(const GemmProblem& p) { return p.variant == KernelVariant::Fp8RaggedK; }
 
 constexpr bool is_ragged_m(const GemmProblem& p) { return is_ragged_m(p.variant); }
 
@@ -87,6 +94,7 @@ GemmProblem lower(const ActBackwardArgs& a);
 GemmProblem lower(const Fp8RaggedMGemmArgs& a);
 GemmProblem lower(const Fp8ActForwardArgs& a);
 GemmProblem lower(const Fp8ActBackwardArgs& a);
+GemmProblem lower(const Fp8RaggedKGemmArgs& a);
 
 // What the heuristic sees of a problem.
 GroupedProblem heuristic_view(const GemmProblem& p);

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <type_traits>
 
+#include <cub/block/block_scan.cuh>
+
 #include "device_info.h"
 #include "group_setup.h"
 #include "ragged_k_order.h"
@@ -113,18 +115,45 @@ __device__ void write_ragged_k_order(const GemmProblem& p, int32_t* order) {
   }
 }
 
+// FP8 ragged K: group e reduces over whole 128-row blocks of the transposed operands
+// (gemm_problem.h), its first after those of the groups before it: a prefix sum over the
+// groups' block counts, each thread taking a run of consecutive groups.
+__device__ void write_row_block_starts(const GemmProblem& p, const GroupArrays& g) {
+  using Scan = cub::BlockScan<int64_t, kThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int32_t per_thread = (p.num_groups + kThreads - 1) / kThreads;
+  const int32_t first = static_cast<int32_t>(threadIdx.x) * per_thread;
+  const int32_t last = min(first + per_thread, p.num_groups);
+  int64_t mine = 0;
+  for (int32_t e = first; e < last; ++e) mine += row_blocks(group_rows(p.offs, e));
+  int64_t block = 0;
+  Scan(scan).ExclusiveSum(mine, block);
+  for (int32_t e = first; e < last; ++e) {
+    g.a[e] = at(p.a.ptr, block * kRowBlock, p.a.elem);
+    g.b[e] = at(p.b.ptr, block * kRowBlock, p.b.elem);
+    g.a_scales[e] = p.a_scales.ptr + block * p.a_scales.stride_k;
+    g.b_scales[e] = p.b_scales.ptr + block * p.b_scales.stride_k;
+    block += row_blocks(group_rows(p.offs, e));
+  }
+}
+
 // One block: the GEMM writes every group's gradient, an empty group's as zeros (its tiles
 // run with no k-blocks, ragged_k_variants.cuh).
 __global__ void ragged_k_setup_kernel(GemmProblem p, GroupArrays g) {
   // Before the offsets are checked: the ranks are a permutation whatever the rows hold,
-  // so the writes stay in bounds, and a bad offs traps just below.
+  // so the writes stay in bounds, and a bad offs traps just below (the pointers written
+  // from it are then never read).
   write_ragged_k_order(p, g.problem_shapes + 3 * p.num_groups);
+  const bool blocked = has_row_blocks(p);
+  if (blocked) write_row_block_starts(p, g);
   for (int32_t e = threadIdx.x; e < p.num_groups; e += blockDim.x) {
     const GroupRows r = group_rows(p.offs, e);
-    require_valid_rows(r, p.m, e, "ragged_k_gemm");
-    ragged_k_problem(r, p.n, p.k, g.problem_shapes + 3 * e);
-    g.a[e] = at(p.a.ptr, r.begin * p.a.ld, p.a.elem);
-    g.b[e] = at(p.b.ptr, r.begin * p.b.ld, p.b.elem);
+    require_valid_rows(r, p.m, e, blocked ? "fp8_ragged_k_gemm" : "ragged_k_gemm");
+    ragged_k_problem(r, p.n, p.k, g.problem_shapes + 3 * e, blocked ? kRowBlock : 1);
+    if (!blocked) {
+      g.a[e] = at(p.a.ptr, r.begin * p.a.ld, p.a.elem);
+      g.b[e] = at(p.b.ptr, r.begin * p.b.ld, p.b.elem);
+    }
     g.d[e] = const_cast<char*>(at(p.d.ptr, e * p.k * p.n, p.d.elem));
     g.lda[e] = p.a.ld;
     g.ldb[e] = p.b.ld;

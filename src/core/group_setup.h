@@ -67,15 +67,20 @@ CUTE_MOE_HOST_DEVICE void ragged_m_problem(GroupRows r, int64_t n, int64_t k, in
   out[2] = static_cast<int32_t>(k);
 }
 
-// (M, N, K) of group e in ragged K: (k x n) output reduced over the group's rows. An
-// empty group keeps its whole output, K = 0: its tiles run with no k-blocks and store
-// zeros (ragged_k_variants.cuh clears their accumulators).
-CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, int32_t out[3]) {
+// (M, N, K) of group e in ragged K: (k x n) output reduced over the group's rows, rounded up
+// to whole blocks of `row_block` rows (FP8: 128, its operands zero-filled past the group's
+// last row; else 1). An empty group keeps its whole output, K = 0: its tiles run with no
+// k-blocks and store zeros (ragged_k_variants.cuh clears their accumulators).
+CUTE_MOE_HOST_DEVICE void ragged_k_problem(GroupRows r, int64_t n, int64_t k, int32_t out[3], int32_t row_block = 1) {
   const int32_t rows = static_cast<int32_t>(r.count());
   out[0] = static_cast<int32_t>(k);
   out[1] = static_cast<int32_t>(n);
-  out[2] = rows > 0 ? rows : 0;
+  out[2] = rows > 0 ? (rows + row_block - 1) / row_block * row_block : 0;
 }
+
+// 128-row blocks of a group's rows in the FP8 weight gradients' operands.
+constexpr int32_t kRowBlock = 128;
+CUTE_MOE_HOST_DEVICE int64_t row_blocks(GroupRows r) { return r.count() > 0 ? (r.count() + kRowBlock - 1) / kRowBlock : 0; }
 
 // The per-group arrays `p` needs (those of absent operands stay null), laid out one after
 // another, each 128-byte aligned: their bytes, and the arrays carved from `base`.

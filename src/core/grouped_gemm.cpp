@@ -261,6 +261,10 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
     w.groups = p.num_groups;
     w.n = p.n;
     w.k = p.k;
+    if (detail::has_row_blocks(p)) {  // a_t (k, 128 blocks), b_t (n, 128 blocks)
+      w.a_rows = p.k;
+      w.k = detail::kRowBlock * fp8_group_row_blocks(p.m, p.num_groups);
+    }
   }
   return plan.kernel->launch(groups, ctx);
 }
@@ -279,6 +283,10 @@ Result run(const Fp8RaggedMGemmArgs&, const detail::GemmProblem& p, const Plan& 
 }
 
 Result run(const Fp8ActForwardArgs&, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
+  return enqueue_gemm(p, plan, ws, stream);
+}
+
+Result run(const Fp8RaggedKGemmArgs&, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream) {
   return enqueue_gemm(p, plan, ws, stream);
 }
 
@@ -338,6 +346,7 @@ bool nothing_to_do(const Fp8RaggedMGemmArgs& a) { return a.m == 0; }
 bool nothing_to_do(const Fp8ActForwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const Fp8ActBackwardArgs& a) { return a.gemm.m == 0; }
 bool nothing_to_do(const RaggedKGemmArgs&) { return false; }
+bool nothing_to_do(const Fp8RaggedKGemmArgs&) { return false; }
 
 // A call with the caller's workspace.
 template <typename Args>
@@ -442,6 +451,15 @@ Result fp8_act_backward(const Fp8ActBackwardArgs& args, const WorkspaceAllocator
   return call("fp8_act_backward", args, allocate, stream, opts);
 }
 
+Result fp8_ragged_k_gemm(const Fp8RaggedKGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                         const GemmOptions& opts) {
+  return call("fp8_ragged_k_gemm", args, workspace, workspace_bytes, stream, opts);
+}
+Result fp8_ragged_k_gemm(const Fp8RaggedKGemmArgs& args, const WorkspaceAllocator& allocate, cudaStream_t stream,
+                         const GemmOptions& opts) {
+  return call("fp8_ragged_k_gemm", args, allocate, stream, opts);
+}
+
 Result workspace_size(const RaggedMGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
   return planned_workspace_size(args, bytes, opts);
 }
@@ -455,6 +473,10 @@ Result workspace_size(const Fp8ActForwardArgs& args, size_t* bytes, const GemmOp
 }
 
 Result workspace_size(const Fp8ActBackwardArgs& args, size_t* bytes, const GemmOptions& opts) {
+  return planned_workspace_size(args, bytes, opts);
+}
+
+Result workspace_size(const Fp8RaggedKGemmArgs& args, size_t* bytes, const GemmOptions& opts) {
   return planned_workspace_size(args, bytes, opts);
 }
 
@@ -492,9 +514,13 @@ Result group_column_sum(const GroupColumnSumArgs& args, void* workspace, size_t 
 
 namespace {
 
-// The variants of fp8_gemm.h (e4m3 operands): list_tile_configs's FP8 family.
-bool is_fp8(KernelVariant v) {
-  return v == KernelVariant::Fp8RaggedM || v == KernelVariant::Fp8ActFwd || v == KernelVariant::Fp8ActBwd;
+// list_tile_configs's family of a variant.
+GemmFamily family_of(KernelVariant v) {
+  if (v == KernelVariant::Fp8RaggedK) return GemmFamily::kFp8RaggedK;
+  if (v == KernelVariant::Fp8RaggedM || v == KernelVariant::Fp8ActFwd || v == KernelVariant::Fp8ActBwd) {
+    return GemmFamily::kFp8RaggedM;
+  }
+  return detail::is_ragged_m(v) ? GemmFamily::kRaggedM : GemmFamily::kRaggedK;
 }
 
 }  // namespace
@@ -502,10 +528,7 @@ bool is_fp8(KernelVariant v) {
 std::vector<std::string> list_tile_configs(GemmFamily family) {
   std::vector<std::string> names;
   for (const auto& e : detail::kernel_registry()) {
-    const GemmFamily of = is_fp8(e.config.variant)                     ? GemmFamily::kFp8RaggedM
-                          : detail::is_ragged_m(e.config.variant)     ? GemmFamily::kRaggedM
-                                                                      : GemmFamily::kRaggedK;
-    if (of != family) continue;
+    if (family_of(e.config.variant) != family) continue;
     bool seen = false;
     for (const auto& n : names) seen = seen || n == e.name;
     if (!seen) names.push_back(e.name);
@@ -530,6 +553,10 @@ Result chosen_tile_config(const RaggedKGemmArgs& args, std::string* name, const 
 }
 
 Result chosen_tile_config(const Fp8RaggedMGemmArgs& args, std::string* name, const GemmOptions& opts) {
+  return planned_config_name(args, name, opts);
+}
+
+Result chosen_tile_config(const Fp8RaggedKGemmArgs& args, std::string* name, const GemmOptions& opts) {
   return planned_config_name(args, name, opts);
 }
 

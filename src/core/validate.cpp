@@ -270,6 +270,31 @@ Result validate(const Fp8ActBackwardArgs& a) {
   return c.result();
 }
 
+Result validate(const Fp8RaggedKGemmArgs& a) {
+  Checker c("fp8_ragged_k_gemm");
+  c.group_count(a.num_groups).rows(a.m);
+  c.require(a.k > 0 && a.k % 16 == 0 && a.k <= kInt32Max, "k (rows of each dw[e]) must be a positive multiple of 16 "
+            "below 2^31, got k=", a.k);
+  c.require(a.n > 0 && a.n % 16 == 0 && a.n <= kInt32Max, "n (columns of each dw[e]) must be a positive multiple of "
+            "16 below 2^31, got n=", a.n);
+  const int64_t cols = 128 * fp8_group_row_blocks(a.m, a.num_groups);
+  c.require(cols <= kInt32Max, "the operands' 128 * (ceil(m / 128) + num_groups) columns must be below 2^31, got ",
+            cols);
+  c.pointer("offs", a.offs).pointer("dw", a.dw);
+  c.pointer("a_t", a.a_t, a.m > 0).pointer("b_t", a.b_t, a.m > 0);
+  c.require(a.a_scale != nullptr || a.m == 0, "a_scale must not be null").scalars("a_scale", a.a_scale);
+  c.require(a.b_scale != nullptr || a.m == 0, "b_scale must not be null").scalars("b_scale", a.b_scale);
+  c.require(a.lda_t >= cols && a.lda_t % 16 == 0, "lda_t must be a multiple of 16 elements (16 bytes) and >= ",
+            "128 * (ceil(m / 128) + num_groups)=", cols, ", got lda_t=", a.lda_t);
+  c.require(a.ldb_t >= cols && a.ldb_t % 16 == 0, "ldb_t must be a multiple of 16 elements (16 bytes) and >= ",
+            "128 * (ceil(m / 128) + num_groups)=", cols, ", got ldb_t=", a.ldb_t);
+  c.require(a.a_scale_stride_block >= a.k, "a_scale_stride_block must be >= k=", a.k, ", got ",
+            a.a_scale_stride_block);
+  c.require(a.b_scale_stride_block >= a.n, "b_scale_stride_block must be >= n=", a.n, ", got ",
+            a.b_scale_stride_block);
+  return c.result();
+}
+
 Result validate(const GroupColumnSumArgs& a) {
   Checker c("group_column_sum");
   c.group_count(a.num_groups).rows(a.m).row_dim("n", a.n);

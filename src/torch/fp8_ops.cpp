@@ -1,6 +1,6 @@
 // PyTorch ops over the FP8 quantizers (cute_moe/fp8_quantize.h) and the FP8 grouped GEMMs
-// (cute_moe/fp8_gemm.h: the plain one and the fused activation forward and backward): schemas
-// and CUDA kernels.
+// (cute_moe/fp8_gemm.h: the plain one, the fused activation forward and backward, the weight
+// gradient): schemas and CUDA kernels.
 // Fake kernels and the CPU kernels (the references) live in Python (cute_moe/ops/fp8.py).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -231,6 +231,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
   return {dpre, h, dprob};
 }
 
+// dw (E, k, n) bf16 = the weight gradient from the 128 x 1 operands of quantize_fp8_128x1:
+// a_t (k, 128 blocks), b_t (n, 128 blocks), scales (blocks, k) and (blocks, n), blocks =
+// ceil(m / 128) + E for the m rows they were quantized from (m a multiple of 128 here: the
+// largest the shapes admit, an upper bound the device checks offs against).
+at::Tensor grouped_mm_fp8_wgrad_cuda(const at::Tensor& a_t, const at::Tensor& a_scale, const at::Tensor& b_t,
+                                     const at::Tensor& b_scale, const at::Tensor& offs) {
+  check_cuda_tensor(a_t, "a_t", at::kFloat8_e4m3fn, 2, a_t);
+  check_cuda_tensor(b_t, "b_t", at::kFloat8_e4m3fn, 2, a_t);
+  check_row_major(a_t, "a_t");
+  check_row_major(b_t, "b_t");
+  check_offs(offs, a_t, offs.size(0));
+  const int64_t e = offs.size(0), k = a_t.size(0), n = b_t.size(0), cols = a_t.size(1);
+  TORCH_CHECK(e >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
+  TORCH_CHECK(cols % 128 == 0 && cols / 128 >= e, "cute_moe: a_t must be (k, 128 * blocks) with blocks = ceil(m / 128) "
+              "+ E >= E = ", e, " (quantize_fp8_128x1's q_t), got shape ", a_t.sizes());
+  TORCH_CHECK(b_t.size(1) == cols, "cute_moe: b_t must be (n, ", cols, ") like a_t ", a_t.sizes(), ", got ",
+              b_t.sizes());
+  TORCH_CHECK(k > 0 && k % 16 == 0, "cute_moe: a_t must have a positive multiple of 16 rows (k), got shape ",
+              a_t.sizes());
+  TORCH_CHECK(n > 0 && n % 16 == 0, "cute_moe: b_t must have a positive multiple of 16 rows (n), got shape ",
+              b_t.sizes());
+  const int64_t blocks = cols / 128;
+  check_scales(a_scale, "a_scale", {blocks, k}, a_t);
+  check_scales(b_scale, "b_scale", {blocks, n}, a_t);
+  TORCH_CHECK((a_scale.stride(1) == 1 || k <= 1) && (b_scale.stride(1) == 1 || n <= 1),
+              "cute_moe: a_scale and b_scale must be contiguous along their last dimension, got strides ",
+              a_scale.strides(), " and ", b_scale.strides());
+  const c10::cuda::CUDAGuard guard(a_t.device());
+  at::Tensor dw = at::empty({e, k, n}, a_t.options().dtype(at::kBFloat16));
+  Fp8RaggedKGemmArgs a;
+  a.m = 128 * (blocks - e);
+  a.k = k;
+  a.n = n;
+  a.num_groups = static_cast<int32_t>(e);
+  a.offs = offs.data_ptr<int32_t>();
+  a.a_t = a_t.data_ptr();
+  a.lda_t = row_stride(a_t);
+  a.a_scale = a_scale.data_ptr<float>();
+  a.a_scale_stride_block = a_scale.stride(0);
+  a.b_t = b_t.data_ptr();
+  a.ldb_t = row_stride(b_t);
+  a.b_scale = b_scale.data_ptr<float>();
+  a.b_scale_stride_block = b_scale.stride(0);
+  a.dw = dw.data_ptr();
+  enqueue_planned(fp8_ragged_k_gemm, a, a_t);
+  return dw;
+}
+
 }  // namespace
 
 const std::string kFp8ActDefaults = act_schema_defaults();
@@ -248,6 +296,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
          "Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, bool prob_grad=False, " +
          kFp8ActDefaults + ") -> (Tensor, Tensor, Tensor)")
             .c_str());
+  m.def("grouped_mm_fp8_wgrad(Tensor a_t, Tensor a_scale, Tensor b_t, Tensor b_scale, Tensor offs) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
@@ -257,6 +306,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
   m.impl("grouped_mm_fp8_act", &grouped_mm_fp8_act_cuda);
   m.impl("grouped_mm_fp8_act_bwd", &grouped_mm_fp8_act_bwd_cuda);
+  m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad_cuda);
 }
 
 }  // namespace cute_moe::torch_ops

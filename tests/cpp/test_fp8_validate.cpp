@@ -219,4 +219,52 @@ TEST(Fp8ActValidate, RejectsBadArguments) {
   expect_rejected(b, "row_scale_grad needs row_scale");
 }
 
+// GPT-OSS-20B's up-projection weight gradient: x (4096, 2880) and dpre (4096, 5760), 32 experts,
+// quantized by 128 x 1 blocks: 64 blocks, a_t (2880, 8192), b_t (5760, 8192).
+cute_moe::Fp8RaggedKGemmArgs valid_wgrad() {
+  cute_moe::Fp8RaggedKGemmArgs a;
+  a.m = 4096; a.k = 2880; a.n = 5760; a.num_groups = 32;
+  a.offs = fake<const int32_t>(0x1000);
+  a.a_t = fake(0x10000); a.lda_t = 8192;
+  a.a_scale = fake<const float>(0x20000); a.a_scale_stride_block = a.k;
+  a.b_t = fake(0x30000); a.ldb_t = 8192;
+  a.b_scale = fake<const float>(0x40000); a.b_scale_stride_block = a.n;
+  a.dw = fake(0x50000);
+  return a;
+}
+
+TEST(Fp8WgradValidate, ValidArgumentsPass) {
+  EXPECT_TRUE(cute_moe::validate(valid_wgrad()).ok()) << cute_moe::validate(valid_wgrad()).message;
+  cute_moe::Fp8RaggedKGemmArgs a = valid_wgrad();
+  a.m = 0; a.a_t = a.b_t = nullptr; a.a_scale = a.b_scale = nullptr;  // no rows: dw is zeros
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+}
+
+TEST(Fp8WgradValidate, RejectsBadArguments) {
+  cute_moe::Fp8RaggedKGemmArgs a = valid_wgrad();
+  a.k = 2888;
+  expect_rejected(a, "fp8_ragged_k_gemm: k (rows of each dw[e]) must be a positive multiple of 16 below 2^31, got k=2888");
+  a = valid_wgrad();
+  a.n = 5768;
+  expect_rejected(a, "n (columns of each dw[e]) must be a positive multiple of 16");
+  a = valid_wgrad();
+  a.lda_t = 8176;  // fewer columns than the 64 blocks
+  expect_rejected(a, "lda_t must be a multiple of 16 elements (16 bytes) and >= 128 * (ceil(m / 128) + num_groups)=8192, got lda_t=8176");
+  a = valid_wgrad();
+  a.ldb_t = 8200;
+  expect_rejected(a, "ldb_t must be a multiple of 16 elements");
+  a = valid_wgrad();
+  a.a_scale_stride_block = 2879;
+  expect_rejected(a, "a_scale_stride_block must be >= k=2880, got 2879");
+  a = valid_wgrad();
+  a.b_scale = nullptr;
+  expect_rejected(a, "b_scale must not be null");
+  a = valid_wgrad();
+  a.dw = nullptr;
+  expect_rejected(a, "dw must not be null");
+  a = valid_wgrad();
+  a.num_groups = 0;
+  expect_rejected(a, "num_groups must be in [1, 65536], got 0");
+}
+
 }  // namespace

@@ -53,6 +53,17 @@ TEST(ProblemShapes, RaggedMAndRaggedK) {
   EXPECT_EQ(s[0], 5760);  // whole output tiles, no k-blocks: the GEMM stores zeros
   EXPECT_EQ(s[1], 2880);
   EXPECT_EQ(s[2], 0);
+  // FP8: the reduction in whole 128-row blocks (zero-filled past the group's last row)
+  ragged_k_problem({100, 164}, 2880, 5760, s, kRowBlock);
+  EXPECT_EQ(s[2], 128);
+  ragged_k_problem({0, 257}, 2880, 5760, s, kRowBlock);
+  EXPECT_EQ(s[2], 384);
+  ragged_k_problem({164, 164}, 2880, 5760, s, kRowBlock);
+  EXPECT_EQ(s[2], 0);
+  EXPECT_EQ(row_blocks({100, 164}), 1);
+  EXPECT_EQ(row_blocks({0, 256}), 2);
+  EXPECT_EQ(row_blocks({0, 257}), 3);
+  EXPECT_EQ(row_blocks({7, 7}), 0);
 }
 
 // A problem with every optional operand present (fake pointers: only carved, never read).

@@ -32,7 +32,7 @@ TEST(Registry, HoldsEveryTableRowWithUniqueNamesPerVariant) {
                  detail::KernelVariant::ActFwd_BRow, detail::KernelVariant::ActFwd_BCol,
                  detail::KernelVariant::ActFwdGather_BRow, detail::KernelVariant::ActBwd_BRow,
                  detail::KernelVariant::ActBwd_BCol, detail::KernelVariant::ActBwdHalves_BRow,
-                 detail::KernelVariant::Fp8RaggedM}) {
+                 detail::KernelVariant::Fp8RaggedM, detail::KernelVariant::Fp8RaggedK}) {
     std::vector<detail::Act> acts;
     const bool fused = std::string(detail::variant_call(v)).rfind("act_", 0) == 0;
     const bool gated_only = v == detail::KernelVariant::ActBwdHalves_BRow;  // halves of (gate, linear) pairs
@@ -80,10 +80,13 @@ TEST(Registry, ListsConfigsPerFamily) {
   auto m = list_tile_configs(GemmFamily::kRaggedM);
   auto k = list_tile_configs(GemmFamily::kRaggedK);
   auto f = list_tile_configs(GemmFamily::kFp8RaggedM);
+  auto fk = list_tile_configs(GemmFamily::kFp8RaggedK);
   EXPECT_FALSE(m.empty());
   EXPECT_FALSE(k.empty());
   EXPECT_EQ(f, std::vector<std::string>{"128x128x128_2x1_coop"});  // FP8 tiles are not the bf16 family's
+  EXPECT_EQ(fk, std::vector<std::string>{"128x128x128_2x1_coop"});
   for (const auto& name : m) EXPECT_NE(name, "128x128x128_2x1_coop");
+  for (const auto& name : k) EXPECT_NE(name, "128x128x128_2x1_coop");
   EXPECT_EQ(std::set<std::string>(m.begin(), m.end()).size(), m.size());
 }
 

@@ -29,7 +29,8 @@ ALPHA = 1.702
 
 CALLS = ("ragged_m", "ragged_m_bcol", "ragged_k_bf16", "ragged_k_f32", "act_forward",
          "act_forward_bcol", "act_forward_gather", "act_backward", "act_backward_bcol",
-         "act_backward_halves", "fp8_ragged_m", "fp8_act_forward", "fp8_act_backward")
+         "act_backward_halves", "fp8_ragged_m", "fp8_act_forward", "fp8_act_backward",
+         "fp8_ragged_k")
 
 
 def _row_id(row: str) -> str:
@@ -134,6 +135,13 @@ def _run(call, act, g, offs, limit):
                                                 act, ALPHA, limit)
         for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
             _check(name, a, b)
+    elif call == "fp8_ragged_k":  # the weight gradient from both operands by 128 x 1 blocks
+        from cute_moe import fp8
+        from cute_moe.ops.fp8 import reference_grouped_mm_fp8_wgrad
+        a_t, a_s = fp8.quantize_128x1(_randn(g, M + PAD, K), offs)
+        b_t, b_s = fp8.quantize_128x1(_randn(g, M + PAD, N), offs)
+        _check("dw", ops.grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs),
+               reference_grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs).float())
     else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand
         gated = act in ref.GATED_ACTIVATIONS
         inter = N // 2 if gated else N

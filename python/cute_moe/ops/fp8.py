@@ -1,5 +1,6 @@
-"""The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128 and quantize_fp8_128x128,
-and the ragged-M grouped GEMM grouped_mm_fp8."""
+"""The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128, quantize_fp8_128x128 and
+quantize_fp8_128x1, the ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward
+and backward, and the weight gradient grouped_mm_fp8_wgrad."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
 # and their fake and CPU kernels (the references of cute_moe.reference.fp8), registered on
 # import when the op library is loaded.
@@ -10,8 +11,8 @@ import torch
 from .. import _library
 from ..activation_args import check_act_params, check_activation, is_gated
 from ..reference.fp8 import (FP8_DTYPE, grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref,
-                             grouped_mm_fp8_ref, quantize_1x128, quantize_128x1_t,
-                             quantize_128x128)
+                             grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref, quantize_1x128,
+                             quantize_128x1_t, quantize_128x128)
 from ..reference.groups import zero_padding
 from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
                      unit_columns)
@@ -22,10 +23,11 @@ __all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "r
            "check_quantize_128x1_args", "reference_128x1",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
            "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
-           "reference_grouped_mm_fp8_act_bwd"]
+           "reference_grouped_mm_fp8_act_bwd", "check_grouped_mm_fp8_wgrad_args",
+           "reference_grouped_mm_fp8_wgrad"]
 
 OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1", "grouped_mm_fp8",
-       "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd")
+       "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd", "grouped_mm_fp8_wgrad")
 
 
 def _bf16(op: str, name: str, t, ndim: int, dims16: int) -> None:
@@ -287,6 +289,60 @@ def _fake_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_
             pre.new_empty(m if prob_grad else 0, dtype=torch.float32))
 
 
+# --- grouped_mm_fp8_wgrad: the ragged-K FP8 GEMM (the weight gradients) -------------------
+
+def check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs) -> None:
+    """The rules of cute_moe::grouped_mm_fp8_wgrad: a_t (k, 128 * blocks) and b_t
+    (n, 128 * blocks) e4m3 with unit stride along their columns and row strides that are
+    multiples of 16 (quantize_fp8_128x1's q_t), k and n positive multiples of 16, blocks >= E;
+    a_scale (blocks, k) and b_scale (blocks, n) float32, contiguous along their last
+    dimension; offs (E,) int32, 1 <= E <= 65536; one device."""
+    op = "grouped_mm_fp8_wgrad"
+    check_tensor(op, "a_t", a_t, 2, FP8_DTYPE)
+    check_tensor(op, "b_t", b_t, 2, FP8_DTYPE)
+    check_tensor(op, "offs", offs, 1, torch.int32)
+    groups = offs.shape[0]
+    if not 1 <= groups <= MAX_GROUPS:
+        fail(op, "offs", f"1 to {MAX_GROUPS} groups", f"shape {tuple(offs.shape)}")
+    (k, cols), n = a_t.shape, b_t.shape[0]
+    if cols % 128 or cols // 128 < groups:
+        fail(op, "a_t", f"(k, 128 * blocks) with blocks = ceil(m / 128) + E >= E = {groups} "
+             "(quantize_fp8_128x1's q_t)", f"shape {tuple(a_t.shape)}")
+    if b_t.shape[1] != cols:
+        fail(op, "b_t", f"(n, {cols}), as many columns as a_t", f"shape {tuple(b_t.shape)}")
+    for name, t, d in (("a_t", a_t, k), ("b_t", b_t, n)):
+        if d <= 0 or d % 16:
+            fail(op, name, "a positive multiple of 16 rows", f"shape {tuple(t.shape)}")
+        if not unit_columns(t):
+            fail(op, name, "unit stride along its columns (call .contiguous())",
+                 f"strides {t.stride()}")
+        if d > 1 and t.stride(0) % 16:
+            fail(op, name, "a row stride that is a multiple of 16 elements (16-byte rows)",
+                 f"strides {t.stride()}")
+    blocks = cols // 128
+    for name, t, d in (("a_scale", a_scale, k), ("b_scale", b_scale, n)):
+        check_tensor(op, name, t, 2, torch.float32)
+        if tuple(t.shape) != (blocks, d):
+            fail(op, name, f"shape {(blocks, d)}: one per 128-row block and column",
+                 f"shape {tuple(t.shape)}")
+        if t.stride(0) < 0 or (d > 1 and t.stride(1) != 1):
+            fail(op, name, "unit stride along its last dimension and a non-negative row stride",
+                 f"strides {t.stride()}")
+    check_same_device(op, "a_t", a_t, a_scale=a_scale, b_t=b_t, b_scale=b_scale, offs=offs)
+
+
+def reference_grouped_mm_fp8_wgrad(a_t, a_scale, b_t, b_scale, offs) -> torch.Tensor:
+    """The op's output from the reference (its CPU kernel, and cute_moe.fp8's fallback):
+    dw[e] = deq(a_e)^T @ deq(b_e) in fp32 over expert e's blocks, rounded once to bfloat16."""
+    check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs)
+    return grouped_mm_wgrad_fp8_t_ref(a_t, a_scale, b_t, b_scale, offs).to(torch.bfloat16)
+
+
+def _fake_grouped_mm_fp8_wgrad(a_t, a_scale, b_t, b_scale, offs):
+    check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs)
+    return a_t.new_empty((offs.shape[0], a_t.shape[0], b_t.shape[0]), dtype=torch.bfloat16)
+
+
 def _register() -> None:
     register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
@@ -295,6 +351,8 @@ def _register() -> None:
     register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
     register_kernels("grouped_mm_fp8_act_bwd", _fake_grouped_mm_fp8_act_bwd,
                      reference_grouped_mm_fp8_act_bwd)
+    register_kernels("grouped_mm_fp8_wgrad", _fake_grouped_mm_fp8_wgrad,
+                     reference_grouped_mm_fp8_wgrad)
 
 
 if _library.library_loaded():

@@ -18,7 +18,7 @@ __all__ = ["FP8_DTYPE", "FP8_MAX", "BLOCK", "quantize_1x128", "dequantize_1x128"
            "quantize_128x128", "dequantize_128x128", "group_row_blocks", "quantize_128x1",
            "dequantize_128x1", "grouped_mm_fp8_ref", "grouped_mm_wgrad_fp8_ref",
            "grouped_mm_fp8_act_ref", "grouped_mm_fp8_act_bwd_ref", "quantize_128x1_t",
-           "dequantize_128x1_t"]
+           "dequantize_128x1_t", "grouped_mm_wgrad_fp8_t_ref"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite magnitude
@@ -164,6 +164,21 @@ def grouped_mm_wgrad_fp8_ref(aq, a_scale, bq, b_scale, offs, out_dtype=torch.flo
     a = dequantize_128x1(aq, a_scale, offs)
     b = dequantize_128x1(bq, b_scale, offs)
     return grouped_mm_wgrad_ref(a, b, offs, out_dtype=out_dtype)
+
+
+def grouped_mm_wgrad_fp8_t_ref(a_t, a_scale, b_t, b_scale, offs) -> torch.Tensor:
+    """grouped_mm_wgrad_fp8_ref on quantize_128x1_t's transposed copies: dw[e] (k, n) fp32 =
+    deq(a_t)[:, cols_e] @ deq(b_t)[:, cols_e]^T over the columns of expert e's blocks (zeros
+    past its last row in both); empty experts exactly zero. The copies of m rows hold
+    ceil(m / 128) + E blocks, so offs is checked against m = 128 * (blocks - E)."""
+    a, b = dequantize_128x1_t(a_t, a_scale), dequantize_128x1_t(b_t, b_scale)
+    groups = offs.shape[0]
+    out = torch.zeros(groups, a_t.shape[0], b_t.shape[0], dtype=torch.float32, device=a_t.device)
+    m = BLOCK * (a_scale.shape[0] - groups)
+    for e, (start, end, first) in enumerate(group_row_blocks(offs, m)):
+        cols = slice(BLOCK * first, BLOCK * (first + _blocks(end - start)))
+        out[e] = a[:, cols] @ b[:, cols].T
+    return out
 
 
 def grouped_mm_fp8_act_ref(xq, x_scale, wq, w_scale, offs, bias=None, activation="swiglu_oai",

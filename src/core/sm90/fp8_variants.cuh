@@ -1,7 +1,8 @@
-// The FP8 ragged-M variants: e4m3 x e4m3 with fp32 block scales (docs/fp8.md), with the plain
+// The FP8 variants: e4m3 x e4m3 with fp32 block scales (docs/fp8.md). Ragged M with the plain
 // ragged-M epilogue (Fp8RaggedM: bias, group and row scales, bf16 out) or the fused activation
-// epilogues of the bf16 kernels (Fp8ActFwd, Fp8ActBwd). Only their translation units include
-// this.
+// epilogues of the bf16 kernels (Fp8ActFwd, Fp8ActBwd); ragged K (Fp8RaggedK: the weight
+// gradients, with the bf16 weight gradients' epilogue and tile schedule). Only their
+// translation units include this.
 //
 // Mainloop: CUTLASS's ptr-array blockwise-scaled collective (the scales loaded by a second
 // producer warp with cp.async, one element per thread, predicated by the group's extents;
@@ -10,7 +11,10 @@
 // * A and B through two descriptors made once over the whole x and the whole weight stack,
 //   a group being a coordinate offset, instead of per-group descriptors rewritten whenever a
 //   CTA's next tile belongs to another group (as the bf16 kernels' FixedTmaMainloop does for
-//   2-byte operands, fixed_tma_mainloop.cuh; this is its ragged-M path for 1-byte ones);
+//   2-byte operands, fixed_tma_mainloop.cuh; this is its ragged-M path for 1-byte ones).
+//   Ragged K (kRaggedK): A and B are the 128 x 1 quantizer's q_t copies, (k, 128 blocks) and
+//   (n, 128 blocks), each group a range of whole 128-column blocks (zero-filled past its last
+//   row), so a group is a k offset and needs no clipped ("ragged") loads;
 // * the scale tensors with the caller's strides (BlockScaleStrides): the collective reads a
 //   group's scales as compact column-major blocks, which would need a per-group layout from
 //   the quantizers; the row-major outputs of quantize_fp8_1x128 / _128x128, and their
@@ -22,11 +26,12 @@
 #include "act_variants.cuh"  // ActForwardEpilogue, ActBackwardEpilogue
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
+#include "ragged_k_variants.cuh"  // RaggedKEpilogue, the dynamic tile schedule
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
 
 namespace cute_moe::detail {
 
-template <class Base>
+template <class Base, bool kRaggedK = false>
 struct Fp8WholeOperandsMainloop : Base {
   using typename Base::GmemTiledCopyA;
   using typename Base::GmemTiledCopyB;
@@ -74,6 +79,7 @@ struct Fp8WholeOperandsMainloop : Base {
     TmaA tma_a_all;
     TmaB tma_b_all;
     const int32_t* offs = nullptr;
+    InternalElementA const* a = nullptr;  // ragged K: a group's k offset is ptr_A[group] - a
     int32_t a_rows = 1, n = 1, k = 1, groups = 1;
     BlockScaleStrides strides;
   };
@@ -83,13 +89,14 @@ struct Fp8WholeOperandsMainloop : Base {
     const WholeOperands& w = args.whole;
     // A descriptor needs extents >= 1; a problem without rows or groups launches no tile.
     auto at_least_1 = [](int64_t v) { return int32_t(v < 1 ? 1 : v); };
-    Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}, w.offs, 1, 1, 1, 1, args.strides};
+    Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}, w.offs,
+             static_cast<InternalElementA const*>(w.a), 1, 1, 1, 1, args.strides};
     p.a_rows = at_least_1(w.a_rows);
     p.n = at_least_1(w.n);
     p.k = at_least_1(w.k);
-    p.groups = at_least_1(w.groups);
-    p.tma_a_all = tma_a(static_cast<InternalElementA const*>(w.a), p.a_rows, p.k, w.lda);
-    p.tma_b_all = tma_b(static_cast<InternalElementB const*>(w.b), p.n, p.k, p.groups, w.ldb, w.b_batch);
+    p.groups = kRaggedK ? 1 : at_least_1(w.groups);  // ragged K: B is one matrix
+    p.tma_a_all = tma_a(p.a, p.a_rows, p.k, w.lda);
+    p.tma_b_all = tma_b(static_cast<InternalElementB const*>(w.b), p.n, p.k, p.groups, w.ldb, kRaggedK ? 0 : w.b_batch);
     return p;
   }
 
@@ -103,24 +110,27 @@ struct Fp8WholeOperandsMainloop : Base {
                        make_stride(make_stride(_0{}, mn_stride), make_stride(_0{}, k_stride), _0{}));
   }
 
-  // The group's tiles: (BLK_M, BLK_K, m, k, l) of x from the group's first row,
-  // (BLK_N, BLK_K, n, k, l) of its weight (l offset to the group), both in the whole
-  // descriptors' coordinates; and its scale tensors with the caller's strides. The kernel
-  // reads only the k extent and the (unused) m, n shapes from the first call's; before a
-  // group's first load tensors_perform_update makes them again for that group.
+  // The group's tiles in the whole descriptors' coordinates: ragged M, (BLK_M, BLK_K, m, k, l)
+  // of x from the group's first row and (BLK_N, BLK_K, n, k, l) of its weight (l offset to
+  // the group); ragged K, both from the group's first column (`begin`); and its scale
+  // tensors with the caller's strides. The kernel reads only the k extent and the (unused)
+  // m, n shapes from the first call's; before a group's first load tensors_perform_update
+  // makes them again for that group.
   template <class ProblemShape_MNKL>
   CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& shape, Params const& params,
                                 typename Base::ElementBlockScale const* sfa = nullptr,
-                                typename Base::ElementBlockScale const* sfb = nullptr, int32_t row_begin = 0,
+                                typename Base::ElementBlockScale const* sfb = nullptr, int32_t begin = 0,
                                 int32_t group = 0) const {
     using namespace cute;
     using X = Underscore;
     auto [M, N, K, L] = shape;
     Tensor mA = params.tma_a_all.get_tma_tensor(make_shape(params.a_rows, params.k, 1));
     Tensor mB = params.tma_b_all.get_tma_tensor(make_shape(params.n, params.k, params.groups));
-    Tensor gA = local_tile(domain_offset(make_coord(row_begin, 0, 0), mA), TileShape{}, make_coord(_, _, _),
+    auto a_origin = kRaggedK ? make_coord(0, begin, 0) : make_coord(begin, 0, 0);
+    auto b_origin = kRaggedK ? make_coord(0, begin, 0) : make_coord(0, 0, group);
+    Tensor gA = local_tile(domain_offset(a_origin, mA), TileShape{}, make_coord(_, _, _),
                            Step<_1, X, _1>{});  // (BLK_M, BLK_K, m, k, l)
-    Tensor gB = local_tile(domain_offset(make_coord(0, 0, group), mB), TileShape{}, make_coord(_, _, _),
+    Tensor gB = local_tile(domain_offset(b_origin, mB), TileShape{}, make_coord(_, _, _),
                            Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
     const BlockScaleStrides& s = params.strides;
     Tensor mSFA = make_tensor(make_gmem_ptr(sfa), scale_layout<kGranularityM>(M, K, s.a_mn, s.a_k));
@@ -131,8 +141,13 @@ struct Fp8WholeOperandsMainloop : Base {
   template <class InputTensors, class ProblemShape_MNKL>
   CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const&, Params const& params,
                                                      ProblemShape_MNKL shape, int32_t group) {
-    const int32_t row_begin = group == 0 ? 0 : __ldg(params.offs + group - 1);
-    return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group], row_begin, group);
+    int32_t begin;
+    if constexpr (kRaggedK) {
+      begin = static_cast<int32_t>(params.ptr_A[group] - params.a);  // the setup kernel's column
+    } else {
+      begin = group == 0 ? 0 : __ldg(params.offs + group - 1);
+    }
+    return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group], begin, group);
   }
 
   // The consumer: the collective's own waits for each k-block's WGMMAs before promoting
@@ -141,6 +156,11 @@ struct Fp8WholeOperandsMainloop : Base {
   // accumulator before k-block t is promoted (warpgroup_wait<1>): the promotion overlaps
   // the next block's WGMMAs. The smem stages are released as the collective does (each
   // after its promotion, the last by mma_tail).
+  // Scales: one per row of A (1 x 128 blocks, or 128 x 1 blocks of A^T), copied to registers
+  // when the k-block is issued; B's either one per tile (128 x 128 blocks), folded into
+  // those, or one per column (128 x 1 blocks, the weight gradients), read from the stage's
+  // smem as the k-block is promoted (in registers for both temporaries they would not fit
+  // beside the three accumulators); such a stage is released after its promotion.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tile_count,
                           int thread_idx, TensorStorage& storage, Params const&) {
@@ -149,8 +169,10 @@ struct Fp8WholeOperandsMainloop : Base {
     using SmemLayoutSFA = typename Base::SmemLayoutSFA;
     using SmemLayoutSFB = typename Base::SmemLayoutSFB;
     using Scale = typename Base::ElementBlockScale;
-    static_assert(Base::ScaleMsPerTile > 1 && Base::ScaleNsPerTile == 1,
-                  "one scale per row of A and one per tile of B (1 x 128 and 128 x 128 blocks)");
+    constexpr bool kScalePerColumn = Base::ScaleNsPerTile > 1;
+    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}) &&
+                      (Base::ScaleNsPerTile == 1 || Base::ScaleNsPerTile == size<1>(TileShape{})),
+                  "one scale per row of A, and one per tile or per column of B");
     static_assert(kGranularityK == size<2>(TileShape{}), "one scale block per k-tile: a promotion per k-tile");
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
@@ -179,22 +201,22 @@ struct Fp8WholeOperandsMainloop : Base {
     Tensor tmp1 = make_fragment_like(accum);
     Tensor sfa0 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));  // (MMA, MMA_M, MMA_N), one per row
     Tensor sfa1 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));
-    Tensor sfb = make_tensor_like<Scale>(tCsSFB(_, _, _, _0{}));
     clear(accum);
     // Without this fence ptxas schedules the clear inside the first k-tile's WGMMA window and
     // drains that batch (DEPBAR gsb0, 0) before issuing the second: no overlap per tile start.
     warpgroup_fence_operand(accum);
 
     PipelineState release = read;
-    // k-tile `read` into `tmp` (its scales, row scale times the tile's B scale, into `sfa`)
+    // k-tile `read` into `tmp` (its row scales, times the tile's B scale if B has one, into `sfa`)
     auto issue = [&](auto& tmp, auto& sfa) {
       pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
       const int stage = read.index();
       copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-      copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), sfb);
-      const Scale scale_b = sfb(_0{});
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
+      if constexpr (!kScalePerColumn) {
+        const Scale scale_b = tCsSFB(_0{}, _0{}, _0{}, make_coord(_0{}, stage));
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
+      }
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       warpgroup_fence_operand(tmp);
       warpgroup_arrive();
@@ -208,20 +230,30 @@ struct Fp8WholeOperandsMainloop : Base {
       ++read;
     };
     // the oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
-    // flight): its stage released unless it is the last (mma_tail's), then promoted
+    // flight): promoted, and its stage released unless it is the last (mma_tail's)
     auto retire = [&](auto& tmp, auto& sfa, auto pending, bool last) {
       warpgroup_wait<decltype(pending)::value>();
       warpgroup_fence_operand(tmp);
-      if (!last) {
+      if (!kScalePerColumn && !last) {
         pipeline.consumer_release(release);
         ++release;
       }
       warpgroup_fence_operand(accum);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
+      if constexpr (kScalePerColumn) {
+        Tensor sfb = tCsSFB(_, _, _, make_coord(_0{}, release.index()));  // smem, one per column
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfb(i) * sfa(i);
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
+      }
       warpgroup_fence_operand(accum);
+      if (kScalePerColumn && !last) {
+        pipeline.consumer_release(release);
+        ++release;
+      }
     };
-    if (k_tile_count <= 0) return;
+    if (k_tile_count <= 0) return;  // an empty group's tile (ragged K): its zeros
     issue(tmp0, sfa0);
     int left = k_tile_count - 1;  // k-tiles not yet issued
     CUTLASS_PRAGMA_NO_UNROLL
@@ -297,12 +329,14 @@ struct Fp8WholeOperandsMainloop : Base {
   }
 };
 
-// A by 1 x 128 blocks (one scale per row and k-block), B by 128 x 128.
+// Ragged M: A by 1 x 128 blocks (one scale per row and k-block), B by 128 x 128. Ragged K:
+// both by 128 x 1 blocks of the routed rows (A^T one scale per row, B one per column).
+template <bool kRaggedK>
 struct Fp8BlockScaledMainloopOf {
   using ElementAB = cutlass::float_e4m3_t;
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kRaggedK ? 1 : 128, 128>;
   template <class Built>
-  using type = Fp8WholeOperandsMainloop<Built>;
+  using type = Fp8WholeOperandsMainloop<Built, kRaggedK>;
   template <class Args>
   static void set_arguments(Args& args, const GroupArrays& g, const LaunchContext& ctx) {
     args.ptr_SFA = g.a_scales;
@@ -314,14 +348,18 @@ struct Fp8BlockScaledMainloopOf {
 
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
-    : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, Fp8BlockScaledMainloopOf> {};
+    : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, Fp8BlockScaledMainloopOf<false>> {};
 // The bf16 kernels' fused activation epilogues (act_variants.cuh) after the FP8 mainloop. A
 // gated W's k-contiguous copy holds the interleaved (gate, linear) columns as adjacent rows,
 // so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
-    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf> {};
+    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActBwd, A>
     : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>,
-             Fp8BlockScaledMainloopOf> {};
+             Fp8BlockScaledMainloopOf<false>> {};
+// A = x^T (k, 128 blocks) and B = dy^T (n, 128 blocks), both k-major (quantize_fp8_128x1's
+// q_t); every expert has the same output tiles: the weight gradients' dynamic tile schedule.
+template <> struct VariantTraits<KernelVariant::Fp8RaggedK, Act::Unfused>
+    : Traits<RowMajor, ColMajor, bf16, RaggedKEpilogue, Fp8BlockScaledMainloopOf<true>, true> {};
 
 }  // namespace cute_moe::detail
