@@ -2,9 +2,9 @@
 # The expert block (up projection, activation, down projection with the router probability)
 # forward and forward + backward, on the same inputs in the same run, sides timed call by
 # call in turn (cute_moe.bench.runner.alternating_ms):
-#   fp8           cute_moe.fp8.expert_ffn: the four ragged-M GEMMs in FP8, the activation and
-#                 its backward in their epilogues, the 1x128 quantizations as separate passes,
-#                 weight gradients in bf16 (docs/fp8.md)
+#   fp8           cute_moe.fp8.expert_ffn: the six GEMMs in FP8, the activation and its
+#                 backward in their epilogues, the quantizations as separate passes (docs/fp8.md)
+#   fp8 bf16-wgrad  the same with its weight gradients in bf16 (fp8_ffn.FP8_WEIGHT_GRADS off)
 #   bf16          cute_moe.expert_ffn: the fused bf16 kernels
 #   torch fp8     forward only: torch._scaled_grouped_mm with rowwise scales (x and h quantized
 #                 per row, each weight per output column), the activation in PyTorch (torch
@@ -104,10 +104,18 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     def ours_fp8():
         return fp8.expert_ffn(*args, activation=act, prob=t["prob"])
 
+    def ours_fp8_bf16_wgrad():
+        from cute_moe import fp8_ffn
+        fp8_ffn.FP8_WEIGHT_GRADS = False
+        try:
+            return ours_fp8()
+        finally:
+            fp8_ffn.FP8_WEIGHT_GRADS = True
+
     def ours_bf16():
         return cute_moe.expert_ffn(*args, activation=act, prob=t["prob"])
 
-    forward = {"fp8": ours_fp8, "bf16": ours_bf16}
+    forward = {"fp8": ours_fp8, "fp8 bf16-wgrad": ours_fp8_bf16_wgrad, "bf16": ours_bf16}
     if device == "cuda":
         forward["torch fp8"] = lambda: torch_fp8_block(*args, t["prob"], act)
     dy = torch.randn(m, hdim, device=device, dtype=torch.bfloat16)
@@ -121,8 +129,9 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     # no accumulation into .grad from the previous timed call, which would add a pass per leaf)
     leaves = [v for v in t.values() if v is not None]
     bwd = alternating_ms({k: backward_step(forward[k], lambda y: torch.autograd.grad(y, leaves, dy))
-                          for k in ("fp8", "bf16")}, reps, warmup, cuda=device == "cuda")
-    peaks = {k: peak_gib(forward[k], dy, t) for k in ("fp8", "bf16")} if device == "cuda" else {}
+                          for k in ("fp8", "fp8 bf16-wgrad", "bf16")}, reps, warmup, cuda=device == "cuda")
+    peaks = ({k: peak_gib(forward[k], dy, t) for k in ("fp8", "fp8 bf16-wgrad", "bf16")}
+             if device == "cuda" else {})
     flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
     rows = []
     for side in forward:

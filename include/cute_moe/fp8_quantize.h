@@ -63,7 +63,10 @@ struct QuantizeFp8TilesArgs {
 // 128-column boundary, no block straddles two groups, and a weight-gradient GEMM reads
 // group e as columns [128 first_e, 128 (first_e + ceil(rows_e / 128))) of a k-major operand.
 // Columns past the last group's blocks (up to 128 * blocks) are zero with scale 1; padding
-// rows (at or past offs[E-1]) are not read.
+// rows (at or past offs[E-1]) are not read into them.
+// Optionally (q non-null) the same pass also writes quantize_fp8_1x128's outputs for every row,
+// padding rows included: one read of x for both copies (the input gradient's and the weight
+// gradient's of one operand).
 struct QuantizeFp8GroupColumnsArgs {
   int64_t rows = 0;                 // m
   int64_t cols = 0;                 // n, a multiple of 16
@@ -74,6 +77,9 @@ struct QuantizeFp8GroupColumnsArgs {
   void* q_t = nullptr;              // e4m3 (cols, ld_q_t), ld_q_t >= 128 * blocks, a multiple of 16
   int64_t ld_q_t = 0;
   float* scale = nullptr;           // (blocks, cols), contiguous
+  void* q = nullptr;                // optional: e4m3 (rows, cols), row stride ld_q (a multiple of 16)
+  int64_t ld_q = 0;
+  float* q_scale = nullptr;         // with q: (rows, ceil(cols / 128)), contiguous
 };
 
 // The blocks of quantize_fp8_128x1 for m rows in num_groups groups (an upper bound, known

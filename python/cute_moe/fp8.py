@@ -14,12 +14,14 @@ from .ops.checks import check_offs_values
 from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
                       check_grouped_mm_fp8_args, check_quantize_128x128_args,
                       check_grouped_mm_fp8_wgrad_args, check_quantize_128x1_args,
-                      check_quantize_1x128_args, reference_128x1, reference_128x128,
+                      check_quantize_1x128_args, reference_128x1, reference_1x128_128x1,
+                      reference_128x128,
                       reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
 
-__all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "grouped_mm", "grouped_mm_act",
+__all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
+           "grouped_mm", "grouped_mm_act",
            "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
 
 
@@ -60,6 +62,17 @@ def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, t
     if _op(x):
         return torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
     return reference_128x1(x, offs)
+
+
+def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor):
+    """quantize_1x128(x) and quantize_128x1(x, offs) from one read of x: (q, scale, q_t, scale_t),
+    the same bits as the two calls. For an operand that feeds both an input-gradient GEMM (by
+    1 x 128 blocks) and a weight gradient (by 128 x 1 blocks of each group's rows)."""
+    check_quantize_1x128_args(x)
+    check_quantize_128x1_args(x, offs)
+    if _op(x):
+        return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs)
+    return reference_1x128_128x1(x, offs)
 
 
 def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

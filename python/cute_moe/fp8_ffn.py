@@ -1,17 +1,19 @@
-"""cute_moe.fp8.expert_ffn: the expert block with its four ragged-M GEMMs in FP8, the activation
-and its backward fused into the up projection and the down projection's input gradient (issue
-14's training path so far; docs/fp8.md)."""
+"""cute_moe.fp8.expert_ffn: the expert block with its six GEMMs in FP8, the activation and its
+backward fused into the up projection and the down projection's input gradient (issue 14's
+training path so far; docs/fp8.md)."""
 # Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so
 # that autograd frees pre between their backwards. Each weight is cast twice per step: the
 # transposed copy for the forward GEMM in the forward, the as-is copy for the input gradient in
 # the backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per
 # GPT-OSS-20B layer than the bf16 block keeps; recast, they cost one more read of the bf16
 # weights, ~0.5 ms a GPT-OSS-20B layer on an H100); activations and gradients are quantized
-# 1x128 right before the GEMM that reads them. The up projection writes pre and h (bf16) from one FP8 kernel, the
+# right before the GEMM that reads them: 1x128 for the ragged-M GEMMs, and by 128x1 blocks of
+# each expert's rows for the weight gradients (x, dy and dpre feed both: one pass writes both
+# copies, and the up projection keeps x's 128x1 copy for its weight gradient instead of the
+# bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel, the
 # down projection's input gradient writes dpre, prob * h and dprob from another (the bf16
-# kernels' epilogues on the FP8 mainloop); the weight and bias gradients are the bf16 ops of
-# ffn_autograd (no FP8 ragged-K GEMM yet). On the CPU (or without the op library) cute_moe.fp8
-# runs its references.
+# kernels' epilogues on the FP8 mainloop); the bias gradients are fp32 column sums of the bf16
+# dpre and dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
@@ -19,9 +21,10 @@ import torch
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from .ffn_autograd import Act, _output_grads, _param_grads
+from .ffn_autograd import Act, _column_sum, _output_grads, _param_grads
 from .fp8 import (grouped_mm_act_bwd_unchecked, grouped_mm_act_unchecked, grouped_mm_unchecked,
-                  quantize_1x128, quantize_128x128)
+                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1,
+                  quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
@@ -31,6 +34,12 @@ __all__ = ["expert_ffn"]
 
 _OP = "fp8.expert_ffn"
 _BF16_PATH = "cute_moe.expert_ffn"
+
+# The weight gradients on the FP8 ragged-K GEMM (True) or on the bf16 one over the bf16 operands
+# (False, the default: on an H100 the FP8 ones with their 128x1 passes made the block 8% slower
+# at GPT-OSS-20B and 18% at Qwen3-30B-A3B, and held 0.8 GiB more at GPT-OSS-20B; docs/perf-notes.md,
+# session 17). Each forward reads it; its backward follows what the forward read.
+FP8_WEIGHT_GRADS = False
 
 
 def _operand(q: torch.Tensor, scale: torch.Tensor):
@@ -58,37 +67,65 @@ def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.
     return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
 
 
+def _quantized(a: torch.Tensor, offs, both: bool):
+    """a's 1x128 copy (q, scale), and with `both` its 128x1 copy (q_t, scale_t) from the same
+    pass (None, None without)."""
+    if both:
+        return quantize_1x128_128x1(a, offs)
+    return (*quantize_1x128(a), None, None)
+
+
+def _fp8_weight_grad(a_t, b_t, offs, w):
+    """dW = a^T b from the two 128x1 copies ((q_t, scale_t) each), as w's (E, k, n) bf16."""
+    return grouped_mm_wgrad(*a_t, *b_t, offs).to(w.dtype)
+
+
 class _Fp8UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up, act) -> (h, pre) = (act(pre), x W_up + b_up), one FP8 kernel ("none":
     a plain FP8 GEMM, h an empty placeholder: the caller uses pre). h only feeds _Fp8DownProj,
-    which hands pre its gradient: h is non-differentiable. Keeps x and the inputs; casts W_up's
-    as-is copy again in the backward."""
+    which hands pre its gradient: h is non-differentiable. Keeps x's 128x1 copy for the weight
+    gradient (the bf16 x on the bf16 weight-gradient path) and the inputs; casts W_up's as-is
+    copy again in the backward."""
 
     @staticmethod
     def forward(ctx, x, w_up, offs, b_up, act):
         up = _transposed(w_up)
+        need_w = ctx.needs_input_grad[1]
+        fp8_w = need_w and FP8_WEIGHT_GRADS
+        xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w)
         if act.name == "none":
-            pre = _fp8_mm(x, up, offs, b_up)
+            pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
             h = pre.new_empty(0)
         else:
-            xq, x_scale = quantize_1x128(x)
             h, pre = grouped_mm_act_unchecked(xq, x_scale, *up, offs, b_up, act.name, act.alpha,
                                               act.limit)
+        del xq, x_scale
         ctx.mark_non_differentiable(h)
         ctx.set_materialize_grads(False)
         ctx.bias_dtype = b_up.dtype if b_up is not None else None
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w_up, offs)
+        ctx.save_for_backward(x if need_w and not fp8_w else None, xq_t, x_scale_t, w_up, offs)
         return h, pre
 
     @staticmethod
     def backward(ctx, _grad_h, dpre):
-        x, w_up, offs = ctx.saved_tensors
+        x, xq_t, x_scale_t, w_up, offs = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
         if dpre is None:
             return None, None, None, None, None
         dpre = dpre.contiguous()
-        dx = _fp8_mm(dpre, _as_is(w_up), offs) if need_x else None
-        dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
+        if xq_t is None:  # the bf16 weight gradient (or none)
+            dx = _fp8_mm(dpre, _as_is(w_up), offs) if need_x else None
+            dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
+            return dx, dw, None, db, None
+        dx = None
+        if need_x:
+            dq, d_scale, dq_t, d_scale_t = quantize_1x128_128x1(dpre, offs)
+            dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
+            del dq, d_scale
+        else:
+            dq_t, d_scale_t = quantize_128x1(dpre, offs)
+        dw = _fp8_weight_grad((xq_t, x_scale_t), (dq_t, d_scale_t), offs, w_up)
+        db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
         return dx, dw, None, db, None
 
 
@@ -104,6 +141,7 @@ class _Fp8DownProj(torch.autograd.Function):
         y = _fp8_mm(h, _transposed(w_down), offs, b_down, prob)
         _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         ctx.act = act
+        ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
         ctx.bias_dtype = b_down.dtype if b_down is not None else None
         ctx.save_for_backward(pre if (need_w or need_pre or need_prob) else None, w_down, offs,
                               b_down if need_prob else None, prob)
@@ -120,8 +158,10 @@ class _Fp8DownProj(torch.autograd.Function):
         dy, db, bias_dot = _output_grads(dy.contiguous(), offs, prob, b_down,
                                          need_b and prob is not None, None)
         dpre = hp = dprob = None
+        fp8_w = need_w and ctx.fp8_weight_grads
+        dy_t = None  # dy's 128x1 copy, for the FP8 weight gradient
         if need_pre or need_prob:
-            dyq, dy_scale = quantize_1x128(dy)
+            dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w)
             dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
                 dyq, dy_scale, *_as_is(w_down), offs, pre, prob, None, None, need_prob, act.name,
                 act.alpha, act.limit)
@@ -131,9 +171,14 @@ class _Fp8DownProj(torch.autograd.Function):
         elif need_w:
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
-        dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w,
-                                   ctx.bias_dtype if need_b and db is None else None,
-                                   row_scale=prob)
+            if fp8_w:
+                dy_t = quantize_128x1(dy, offs)
+        bias_dtype = ctx.bias_dtype if need_b and db is None else None
+        if fp8_w:
+            dw = _fp8_weight_grad(quantize_128x1(hp, offs), dy_t, offs, w_down)
+            db_w = _column_sum(dy, offs, prob).to(bias_dtype) if bias_dtype is not None else None
+        else:
+            dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
                 None)
@@ -184,10 +229,11 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     projection's (dpre, W_up^T). Each weight is cast to e4m3 in the forward (its transposed
     copy) and again in the backward (its as-is copy): the block keeps no FP8 copy of a weight
     between the two (what it keeps is the bf16 block's: pre and its inputs).
-    What is not yet: the weight gradients run on the bf16 ragged-K GEMM (dW_up = x^T dpre,
-    dW_down = (prob h)^T dy) and the bias gradients are fp32 column sums of dpre and prob * dy
-    (no FP8 ragged-K GEMM yet); the quantizations of x, h, dy and dpre are separate passes
-    (quantize_1x128), not yet in the epilogues (docs/fp8.md).
+    The weight gradients dW_up = x^T dpre and dW_down = (prob h)^T dy run on the FP8 ragged-K GEMM,
+    their operands by 128x1 blocks of each expert's rows (x's copy made in the forward and kept
+    for the backward instead of x); the bias gradients are fp32 column sums of dpre and
+    prob * dy. What is not yet: the quantizations of x, h, dy, dpre and prob * h are separate
+    passes (x, dy and dpre both ways in one), not yet in the epilogues (docs/fp8.md).
 
     Accuracy: each GEMM is the fp32 math of its quantized operands, rounded once to bf16
     (docs/fp8.md's contract: the tensor cores' k-block accumulation is a little short of

@@ -65,6 +65,10 @@ Result validate(const QuantizeFp8GroupColumnsArgs& a) {
   const int64_t blocks = fp8_group_row_blocks(a.rows, a.num_groups);
   c.aligned("q_t", a.q_t, 16).stride("ld_q_t", a.ld_q_t, 128 * blocks);
   c.aligned("scale", a.scale, sizeof(float));
+  if (a.q != nullptr && a.rows > 0) {  // the 1x128 copy from the same read
+    c.aligned("q", a.q, 16).stride("ld_q", a.ld_q, a.cols);
+    c.aligned("q_scale", a.q_scale, sizeof(float));
+  }
   return c.result();
 }
 

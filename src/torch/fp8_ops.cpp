@@ -68,17 +68,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
 }
 
 // (m, n) bf16 rows sorted by group -> (q_t e4m3 (n, 128 * blocks), scale fp32 (blocks, n)),
-// blocks = ceil(m / 128) + E: the transposed, group-blocked copy for a weight gradient.
-std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs) {
+// blocks = ceil(m / 128) + E: the transposed, group-blocked copy for a weight gradient; with
+// `rows` also quantize_fp8_1x128's (q, scale) from the same read, returned first.
+std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_row_major(x, "x");
   check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
   TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), n = x.size(1);
-  const int64_t blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
-  at::Tensor q_t = at::empty({n, 128 * blocks}, x.options().dtype(at::kFloat8_e4m3fn));
-  at::Tensor scale = at::empty({blocks, n}, x.options().dtype(at::kFloat));
+  const int64_t row_blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
+  at::Tensor q_t = at::empty({n, 128 * row_blocks}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty({row_blocks, n}, x.options().dtype(at::kFloat));
   QuantizeFp8GroupColumnsArgs a;
   a.rows = m;
   a.cols = n;
@@ -87,10 +88,31 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, 
   a.src = x.data_ptr();
   a.ld_src = row_stride(x);
   a.q_t = q_t.data_ptr();
-  a.ld_q_t = 128 * blocks;
+  a.ld_q_t = 128 * row_blocks;
   a.scale = scale.data_ptr<float>();
+  if (!rows) {
+    throw_if_error(quantize_fp8_128x1(a, at::cuda::getCurrentCUDAStream()));
+    return {q_t, scale};
+  }
+  at::Tensor q = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor q_scale = at::empty({m, blocks(n)}, x.options().dtype(at::kFloat));
+  a.q = q.data_ptr();
+  a.ld_q = n;
+  a.q_scale = q_scale.data_ptr<float>();
   throw_if_error(quantize_fp8_128x1(a, at::cuda::getCurrentCUDAStream()));
-  return {q_t, scale};
+  return {q, q_scale, q_t, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs) {
+  auto out = quantize_group_columns(x, offs, false);
+  return {out[0], out[1]};
+}
+
+// quantize_fp8_1x128 and quantize_fp8_128x1 of x from one read: (q, scale, q_t, scale_t).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_128x1_cuda(const at::Tensor& x,
+                                                                                        const at::Tensor& offs) {
+  auto out = quantize_group_columns(x, offs, true);
+  return {out[0], out[1], out[2], out[3]};
 }
 
 // A scale tensor of `dim` dimensions and the given block counts, fp32 on x's device; any
@@ -287,6 +309,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128(Tensor x) -> (Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x1(Tensor x, Tensor offs) -> (Tensor, Tensor)");
+  m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
         "Tensor? row_scale=None) -> Tensor");
   m.def(("grouped_mm_fp8_act(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, " +
@@ -303,6 +326,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("quantize_fp8_1x128", &quantize_fp8_1x128_cuda);
   m.impl("quantize_fp8_128x128", &quantize_fp8_128x128_cuda);
   m.impl("quantize_fp8_128x1", &quantize_fp8_128x1_cuda);
+  m.impl("quantize_fp8_1x128_128x1", &quantize_fp8_1x128_128x1_cuda);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
   m.impl("grouped_mm_fp8_act", &grouped_mm_fp8_act_cuda);
   m.impl("grouped_mm_fp8_act_bwd", &grouped_mm_fp8_act_bwd_cuda);

@@ -47,9 +47,17 @@ def run_fp8(leaves, offs, activation, **kw):
                                    prob=leaves.get("prob"), **kw)
 
 
-def fp8_grads(leaves, offs, activation, dy):
-    """(y, {name: gradient}) of cute_moe.fp8.expert_ffn."""
-    out = run_fp8(leaves, offs, activation)
+def fp8_grads(leaves, offs, activation, dy, fp8_weight_grads=None):
+    """(y, {name: gradient}) of cute_moe.fp8.expert_ffn, its weight gradients in FP8 or bf16
+    (fp8_ffn.FP8_WEIGHT_GRADS, read by the forward; None: as it is set)."""
+    from cute_moe import fp8_ffn
+    setting = fp8_ffn.FP8_WEIGHT_GRADS
+    if fp8_weight_grads is not None:
+        fp8_ffn.FP8_WEIGHT_GRADS = fp8_weight_grads
+    try:
+        out = run_fp8(leaves, offs, activation)
+    finally:
+        fp8_ffn.FP8_WEIGHT_GRADS = setting
     names = [k for k in GRAD_NAMES if k in leaves]
     grads = torch.autograd.grad(out, [leaves[k] for k in names], dy)
     return out, dict(zip(names, grads))
@@ -76,19 +84,20 @@ def _deq_128x128(q, scale, dtype):
 
 
 def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, limit="default",
-                unquantized=()):
+                unquantized=(), fp8_weight_grads=False):
     """(y, {name: gradient}) of the FP8 path computed in dtype from its definition:
         x~ = Q1(x), Wu~ = Q128(w_up), Wd~ = Q128(w_down)  (Q: quantize, then dequantize)
         pre = bf16(x~ Wu~ + b_up),  h = bf16(act(pre)),  z = Q1(h) Wd~ + b_down,  y = prob z
         u = Q1(dy) Wd~^T,  dpre = bf16(act'(pre) prob u),  hp = bf16(prob h),
         dprob = <act(pre), u> + <dy, b_down>,  dx = Q1(dpre) Wu~^T,
-        dW_up = x^T dpre,  db_up = sum dpre,  dW_down = hp^T dy,  db_down = sum prob dy
-    per expert, padding rows zero. The bf16 roundings of the FP8 path's intermediates (pre, h,
+        dW_up = Qc(x)^T Qc(dpre),  db_up = sum dpre,  dW_down = Qc(hp)^T Qc(dy),  db_down = sum prob dy
+    per expert (Q1 by 1 x 128 blocks, Qc by 128 x 1 blocks of each expert's rows: with
+    fp8_weight_grads, else the identity), padding rows zero. The bf16 roundings of the FP8 path's intermediates (pre, h,
     hp, dpre: GEMM outputs and the inputs of the quantizers) are applied here too, so that the
     quantizers see the same values; u and act(pre) inside dprob and dpre stay unrounded as in
     the fused backward kernel; the outputs are not rounded (dtype).
-    unquantized: operands to leave unquantized, of "x", "w_up", "w_down", "h", "dy", "dpre" (a
-    reference that the FP8 path must not match)."""
+    unquantized: operands to leave unquantized, of "x", "w_up", "w_down", "h", "dy", "dpre", "hp"
+    (a reference that the FP8 path must not match; "x", "dy" and "dpre" both of their copies)."""
     limit = ref.default_limit(activation) if limit == "default" else limit
     d = {k: v.detach() for k, v in leaves.items()}
     x, w_up, w_down = d["x"], d["w_up"], d["w_down"]
@@ -103,6 +112,17 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
         if name in unquantized:
             return t.to(dtype)
         return _deq_1x128(*ref_fp8.quantize_1x128(t.to(BF16)), dtype)
+
+    def qc(t, name):  # the weight gradients' copies, by 128 x 1 blocks of each expert's rows
+        if name in unquantized or not fp8_weight_grads:
+            return t.to(dtype)
+        q, scale = ref_fp8.quantize_128x1(t.to(BF16), offs)
+        out = torch.zeros(t.shape, dtype=dtype, device=t.device)
+        for start, end, first in ref_fp8.group_row_blocks(offs, m):
+            for b, r in enumerate(range(start, end, 128)):
+                stop = min(r + 128, end)
+                out[r:stop] = q[r:stop].to(dtype) * scale[first + b].to(dtype)  # exact in float64
+        return out
 
     def q128(w, name):
         if name in unquantized:
@@ -133,10 +153,10 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
     hp = r16(hf * p) if p is not None else h
     dpq = q1(dpre, "dpre")
     grads = {"x": per_group(lambda e, s, t: dpq[s:t] @ wu[e].transpose(0, 1), dpre, x.shape[1])}
-    xd = x.to(dtype)
+    xc, dpc, hpc, dyc = qc(x, "x"), qc(dpre, "dpre"), qc(hp, "hp"), qc(dy, "dy")
     bounds = group_bounds(offs, m)
-    grads["w_up"] = torch.stack([xd[s:t].T @ dpre[s:t] for s, t in bounds])
-    grads["w_down"] = torch.stack([hp[s:t].T @ dy[s:t] for s, t in bounds])
+    grads["w_up"] = torch.stack([xc[s:t].T @ dpc[s:t] for s, t in bounds])
+    grads["w_down"] = torch.stack([hpc[s:t].T @ dyc[s:t] for s, t in bounds])
     g = dy * p if p is not None else dy
     if b_up is not None:
         grads["b_up"] = torch.stack([dpre[s:t].sum(0) for s, t in bounds])

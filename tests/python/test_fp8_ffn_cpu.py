@@ -38,37 +38,40 @@ def _dy(leaves, seed=2):
     return torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
 
 
+@pytest.mark.parametrize("wgrad", ["bf16", "fp8"], ids=["", "fp8_wgrad"])
 @pytest.mark.parametrize("prob", [False, True], ids=["", "prob"])
 @pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
-def test_matches_quantized_reference(shape, activation, bias, prob):
+def test_matches_quantized_reference(shape, activation, bias, prob, wgrad):
     counts, hidden, inter, pad = SHAPES[shape]
     # w_std 3: pre-activations of about 3, across swiglu_oai's clamps at +-7 and every kink
     leaves, offs = make_leaves(counts, hidden, inter, activation, bias=bias, prob=prob, pad=pad,
                                seed=hidden + inter, w_std=3.0)
     dy = _dy(leaves)
-    out, grads = fp8_grads(leaves, offs, activation, dy)
+    fp8_w = wgrad == "fp8"
+    out, grads = fp8_grads(leaves, offs, activation, dy, fp8_weight_grads=fp8_w)
     assert out.dtype == BF16 and out.shape == leaves["x"].shape
     assert all(grads[k].dtype == leaves[k].dtype and grads[k].shape == leaves[k].shape
                for k in grads)
-    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy)
+    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy, fp8_weight_grads=fp8_w)
     check_matched(out, grads, want_out, want, MATCHED_TOL, MIN_EXACT,
                   f"{activation} {counts} H={hidden} I={inter}")
 
 
-@pytest.mark.parametrize("unquantized", ["x", "w_up", "w_down", "h", "dy", "dpre"])
+@pytest.mark.parametrize("unquantized", ["x", "w_up", "w_down", "h", "dy", "dpre", "hp"])
 def test_every_quantization_shows(unquantized):
-    """The tight check tells each quantization apart: against a reference without it, some
-    output is off by well over MATCHED_TOL."""
+    """The tight check tells each quantization apart (the weight gradients' too: FP8 weight
+    gradients): against a reference without it, some output is off by well over MATCHED_TOL."""
     counts, hidden, inter, pad = SHAPES[0]
     leaves, offs = make_leaves(counts, hidden, inter, "swiglu_oai", bias=True, prob=True, pad=pad,
                                seed=1)
     dy = _dy(leaves)
-    out, grads = fp8_grads(leaves, offs, "swiglu_oai", dy)
-    check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy), MATCHED_TOL,
-                  MIN_EXACT, "control")
-    want_out, want = fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, unquantized=(unquantized,))
+    out, grads = fp8_grads(leaves, offs, "swiglu_oai", dy, fp8_weight_grads=True)
+    check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, fp8_weight_grads=True),
+                  MATCHED_TOL, MIN_EXACT, "control")
+    want_out, want = fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, unquantized=(unquantized,),
+                                 fp8_weight_grads=True)
     assert max(errors(out, grads, want_out, want).values()) > 3 * MATCHED_TOL
     with pytest.raises(AssertionError):
         check_matched(out, grads, want_out, want, MATCHED_TOL, MIN_EXACT, unquantized)

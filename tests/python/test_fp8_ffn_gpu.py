@@ -1,6 +1,7 @@
-# cute_moe.fp8.expert_ffn on the GPU (the FP8 quantizers and ragged-M GEMM, the bf16 weight
-# gradients): a GPT-OSS-like block (swiglu_oai with biases and router probabilities) and a
-# swiglu block without either, output and every gradient against the quantization-matched
+# cute_moe.fp8.expert_ffn on the GPU (the FP8 quantizers and ragged-M GEMMs; weight gradients in
+# bf16, the default, and in FP8):
+# a GPT-OSS-like block (swiglu_oai with biases and router probabilities) and a swiglu block
+# without either, output and every gradient against the quantization-matched
 # reference (fp8_ffn_cases.fp8_ffn_ref, float64) and against cute_moe.expert_ffn (bf16); no host
 # sync; forward and backward captured in a CUDA graph and replayed with new routing. Needs an
 # SM90 GPU and the compiled library.
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import testing
+from cute_moe import fp8_ffn, testing
 from cute_moe.reference import offsets_from_counts
 
 from expert_ffn_cases import run_ours
@@ -46,17 +47,20 @@ def _leaves(case, w_std, seed=0):
     return leaves, offs, activation, dy.to("cuda", BF16)
 
 
+@pytest.mark.parametrize("wgrad", ["bf16", "fp8"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_quantized_reference(case):
+def test_matches_quantized_reference(case, wgrad):
     # w_std 3: pre-activations of about 3, across swiglu_oai's clamps at +-7
     leaves, offs, activation, dy = _leaves(case, 3.0, seed=1)
-    out, grads = fp8_grads(leaves, offs, activation, dy)
+    fp8_w = wgrad == "fp8"
+    out, grads = fp8_grads(leaves, offs, activation, dy, fp8_weight_grads=fp8_w)
     used = int(offs[-1])
     assert torch.all(out[used:] == 0) and torch.all(grads["x"][used:] == 0)
     if "prob" in grads:
         assert torch.all(grads["prob"][used:] == 0)
-    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy)
-    check_loose(out, grads, want_out, want, MATCHED_TOL, f"{case} vs the quantized reference")
+    want_out, want = fp8_ffn_ref(leaves, offs, activation, dy, fp8_weight_grads=fp8_w)
+    check_loose(out, grads, want_out, want, MATCHED_TOL, f"{case} ({wgrad} weight gradients) vs the "
+                "quantized reference")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -70,7 +74,9 @@ def test_close_to_bf16_expert_ffn(case):
     assert errs["out"] > 1e-2  # FP8, not the bf16 block
 
 
-def test_no_host_sync_and_deterministic():
+@pytest.mark.parametrize("wgrad", ["bf16", "fp8"])
+def test_no_host_sync_and_deterministic(wgrad, monkeypatch):
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", wgrad == "fp8")
     leaves, offs, activation, dy = _leaves("gpt_oss_like", 3.0, seed=3)
     first = fp8_grads(leaves, offs, activation, dy)  # warm-up: lazy initialisations may sync
     torch.cuda.synchronize()
@@ -85,9 +91,11 @@ def test_no_host_sync_and_deterministic():
         assert torch.equal(g, first[1][name]), name
 
 
-def test_cuda_graph_replay_with_new_routing():
+@pytest.mark.parametrize("wgrad", ["bf16", "fp8"])
+def test_cuda_graph_replay_with_new_routing(wgrad, monkeypatch):
     """Forward and backward captured once, replayed with new routing (offs' contents), rows
     and output gradient: each replay equals an eager run on the same inputs."""
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", wgrad == "fp8")
     case = "gpt_oss_like"
     counts, hidden, inter, _, activation, _ = CASES[case]
     leaves, offs, _, dy = _leaves(case, 3.0, seed=4)

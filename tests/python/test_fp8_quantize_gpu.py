@@ -163,6 +163,32 @@ def test_quantize_128x1_rejects_bad_input():
         torch.ops.cute_moe.quantize_fp8_128x1(x, _offs([20, 20]).to(torch.int64))
 
 
+@pytest.mark.parametrize("counts,pad,cols", [
+    ([300, 0, 517, 180], 3, 2880),     # GPT-OSS-like: partial blocks, an empty group
+    ([0, 0, 1, 127, 128, 129], 0, 16),  # block edges, empty groups first
+    ([0, 0], 9, 48),                     # no routed rows: every row is padding
+    ([5, 0], 700, 144),                  # padding rows over many of the unused blocks
+    ([1] * 64, 2000, 32),                # 64 one-row groups, then 2000 padding rows
+    ([1000], 0, 1040),                   # one group, a partial column tile
+])
+def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols):
+    """One read, both copies: the bits of quantize_fp8_1x128 (every row, padding rows too) and
+    of quantize_fp8_128x1."""
+    m = sum(counts) + pad
+    x = _data((m, cols), 7 * m + cols, special=m > 0)
+    offs = _offs(counts)
+    q, s, q_t, s_t = torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs)
+    rq, rs = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    rq_t, rs_t = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert torch.equal(s_t, rs_t) and torch.equal(_bits(q_t), _bits(rq_t))
+    want = ref.quantize_1x128(x) + ref.quantize_128x1_t(x, offs)
+    got = cute_moe.fp8.quantize_1x128_128x1(x, offs)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(_bits(a) if a.dtype == ref.FP8_DTYPE else a, _bits(b) if b.dtype == ref.FP8_DTYPE else b)
+
+
 def _naive_disagrees(x: torch.Tensor, scale: torch.Tensor) -> int:
     """Elements whose x * (1 / scale) converts to another e4m3 value than x / scale."""
     def e4m3(v):

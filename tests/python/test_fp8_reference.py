@@ -219,3 +219,26 @@ def test_quantize_128x1_wrapper_on_cpu_and_its_checks():
         with FakeTensorMode() as mode:
             fq, fs = torch.ops.cute_moe.quantize_fp8_128x1(mode.from_tensor(x), mode.from_tensor(offs))
         assert tuple(fq.shape) == (32, 128 * 5) and tuple(fs.shape) == (5, 32)
+
+
+def test_quantize_1x128_128x1_wrapper_on_cpu_and_its_checks():
+    import cute_moe
+    offs = offsets_from_counts([3, 0, 140])
+    x = torch.randn(150, 32).to(torch.bfloat16)  # 7 padding rows
+    got = cute_moe.fp8.quantize_1x128_128x1(x, offs)
+    want = fp8.quantize_1x128(x) + fp8.quantize_128x1_t(x, offs)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    with pytest.raises(ValueError, match=r"quantize_fp8_1x128: x: expected its last dimension a "
+                                         r"multiple of 16"):
+        cute_moe.fp8.quantize_1x128_128x1(x[:, :24], offs)
+    with pytest.raises(ValueError, match=r"quantize_fp8_128x1: offs"):
+        cute_moe.fp8.quantize_1x128_128x1(x, offs.to(torch.int64))
+    if cute_moe.library_loaded():  # the op's CPU and fake kernels
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        op = torch.ops.cute_moe.quantize_fp8_1x128_128x1
+        for a, b in zip(op(x, offs), want):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        with FakeTensorMode() as mode:
+            shapes = [tuple(t.shape) for t in op(mode.from_tensor(x), mode.from_tensor(offs))]
+        assert shapes == [(150, 32), (150, 1), (32, 128 * 5), (5, 32)]

@@ -1,5 +1,5 @@
 """The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128, quantize_fp8_128x128 and
-quantize_fp8_128x1, the ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward
+quantize_fp8_128x1 (and the last two copies at once, quantize_fp8_1x128_128x1), the ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward
 and backward, and the weight gradient grouped_mm_fp8_wgrad."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
 # and their fake and CPU kernels (the references of cute_moe.reference.fp8), registered on
@@ -20,13 +20,14 @@ from .glu import check_act_bwd_tensors
 from .registry import register_kernels
 
 __all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128",
-           "check_quantize_128x1_args", "reference_128x1",
+           "check_quantize_128x1_args", "reference_128x1", "reference_1x128_128x1",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
            "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
            "reference_grouped_mm_fp8_act_bwd", "check_grouped_mm_fp8_wgrad_args",
            "reference_grouped_mm_fp8_wgrad"]
 
-OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1", "grouped_mm_fp8",
+OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1",
+       "quantize_fp8_1x128_128x1", "grouped_mm_fp8",
        "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd", "grouped_mm_fp8_wgrad")
 
 
@@ -116,6 +117,17 @@ def reference_128x1(x, offs):
     """The op's outputs from the reference (its CPU kernel, and cute_moe.fp8's fallback)."""
     check_quantize_128x1_args(x, offs)
     return quantize_128x1_t(x, offs)
+
+
+def _fake_1x128_128x1(x, offs):
+    return _fake_1x128(x) + _fake_128x1(x, offs)
+
+
+def reference_1x128_128x1(x, offs):
+    """quantize_fp8_1x128_128x1's outputs from the reference: (q, scale) of quantize_1x128 and
+    (q_t, scale_t) of quantize_128x1."""
+    check_quantize_128x1_args(x, offs)
+    return quantize_1x128(x) + quantize_128x1_t(x, offs)
 
 
 # --- grouped_mm_fp8: the ragged-M FP8 GEMM --------------------------------------------
@@ -347,6 +359,7 @@ def _register() -> None:
     register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
     register_kernels("quantize_fp8_128x1", _fake_128x1, reference_128x1)
+    register_kernels("quantize_fp8_1x128_128x1", _fake_1x128_128x1, reference_1x128_128x1)
     register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
     register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
     register_kernels("grouped_mm_fp8_act_bwd", _fake_grouped_mm_fp8_act_bwd,
