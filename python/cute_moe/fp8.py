@@ -1,9 +1,8 @@
 """The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
 cute_moe.reference.fp8), the ragged-M grouped GEMM on their outputs and its fused activation
-forward and backward; and expert_ffn, the expert block with its four ragged-M GEMMs in FP8,
-built from them (fp8_ffn.py). On the CPU or without the op library, the references run
-instead."""
+forward and backward, the weight-gradient GEMM; and expert_ffn, the expert block in FP8, built
+from them (fp8_ffn.py). On the CPU or without the op library, the references run instead."""
 from __future__ import annotations
 
 import torch
@@ -15,14 +14,12 @@ from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bw
                       check_grouped_mm_fp8_args, check_quantize_128x128_args,
                       check_grouped_mm_fp8_wgrad_args, check_quantize_128x1_args,
                       check_quantize_1x128_args, reference_128x1, reference_1x128_128x1,
-                      reference_128x128,
-                      reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
+                      reference_128x128, reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
-           "grouped_mm", "grouped_mm_act",
-           "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
+           "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
 
 
 def _op(x: torch.Tensor) -> bool:

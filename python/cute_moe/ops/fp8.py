@@ -1,6 +1,7 @@
 """The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128, quantize_fp8_128x128 and
-quantize_fp8_128x1 (and the last two copies at once, quantize_fp8_1x128_128x1), the ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward
-and backward, and the weight gradient grouped_mm_fp8_wgrad."""
+quantize_fp8_128x1 (and the 1x128 and 128x1 copies at once, quantize_fp8_1x128_128x1), the
+ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward and backward, and the
+weight gradient grouped_mm_fp8_wgrad."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
 # and their fake and CPU kernels (the references of cute_moe.reference.fp8), registered on
 # import when the op library is loaded.
