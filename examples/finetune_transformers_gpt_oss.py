@@ -67,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="experts implementations to run in turn from the same weights, comma "
                         "separated; the first is compared with the others (default: "
                         f"{IMPLEMENTATIONS}; cute_moe_fp8 runs the expert GEMMs in FP8)")
+    p.add_argument("--fp8-weight-grads", action="store_true",
+                   help="cute_moe_fp8 with its weight gradients in FP8 too (all six GEMMs; "
+                        "cute_moe.fp8_ffn.FP8_WEIGHT_GRADS, off by default: slower today)")
     p.add_argument("--tiny", action="store_true",
                    help="defaults for a few steps of a tiny model (a CPU smoke run)")
     if p.parse_known_args(argv)[0].tiny:
@@ -215,6 +218,9 @@ def write_png(path: str, runs: dict, title: str) -> bool:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.fp8_weight_grads:
+        from cute_moe import fp8_ffn
+        fp8_ffn.FP8_WEIGHT_GRADS = True
     batches = make_batches(args)
     base = build_model(args)
     n_params = sum(p.numel() for p in base.parameters())

@@ -336,3 +336,19 @@ def test_finetune_example_cpu_smoke(tmp_path):
         assert "matplotlib is not installed" in run.stdout
     else:
         assert (tmp_path / "loss_curve.png").stat().st_size > 0
+
+
+def test_finetune_example_fp8_weight_grads_cpu_smoke(tmp_path):
+    """The example's --fp8-weight-grads on the CPU (bf16 weights, the FP8 references): the
+    cute_moe_fp8 run trains with all six GEMMs in FP8 and stays near bf16's losses."""
+    script = os.path.join(ROOT, "examples", "finetune_transformers_gpt_oss.py")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    run = subprocess.run([sys.executable, script, "--device", "cpu", "--tiny", "--dtype", "bf16", "--steps",
+                          "3", "--implementations", "cute_moe,cute_moe_fp8", "--fp8-weight-grads", "--out",
+                          str(tmp_path)], env=env, capture_output=True, text=True, check=True)
+    assert "cute_moe_fp8: final loss" in run.stdout
+    with open(tmp_path / "losses.csv") as f:
+        rows = [line.strip().split(",") for line in f]
+    assert rows[0] == ["step", "loss_cute_moe", "loss_cute_moe_fp8"] and len(rows) == 4
+    for _, bf16, fp8 in rows[1:]:
+        assert float(bf16) != float(fp8) and abs(float(bf16) - float(fp8)) <= 2e-2 * abs(float(bf16))
