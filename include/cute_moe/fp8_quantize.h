@@ -76,7 +76,10 @@ struct QuantizeFp8GroupColumnsArgs {
   int64_t ld_src = 0;
   void* q_t = nullptr;              // e4m3 (cols, ld_q_t), ld_q_t >= 128 * blocks, a multiple of 16
   int64_t ld_q_t = 0;
-  float* scale = nullptr;           // (blocks, cols), contiguous
+  float* scale = nullptr;           // (blocks, cols), contiguous; with tile_scales (blocks, ceil(cols / 128))
+  // One scale per 128 x 128 block (a 128-row block of one group and 128 columns) instead of one
+  // per column: the block's amax over all its columns, q_t laid out as above.
+  bool tile_scales = false;
   void* q = nullptr;                // optional: e4m3 (rows, cols), row stride ld_q (a multiple of 16)
   int64_t ld_q = 0;
   float* q_scale = nullptr;         // with q: (rows, ceil(cols / 128)), contiguous

@@ -46,30 +46,33 @@ def quantize_128x128(w: torch.Tensor, as_is: bool = True, transposed: bool = Fal
     return reference_128x128(w, as_is, transposed)
 
 
-def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_128x1(x: torch.Tensor, offs: torch.Tensor,
+                   tile_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(m, n) bf16 routed rows sorted by expert (offs (E,) int32 cumulative end rows) -> the
     operand of a weight-gradient GEMM (reduction along the rows): q_t e4m3 (n, 128 * blocks)
     and fp32 scales (blocks, n), blocks = ceil(m / 128) + E, one scale per column and 128 rows
-    of one expert. Expert e's rows are cut into ceil(rows_e / 128) blocks numbered after those
+    of one expert (tile_scales: one per 128 columns of those rows, scales (blocks,
+    ceil(n / 128))). Expert e's rows are cut into ceil(rows_e / 128) blocks numbered after those
     of the experts before it; block b's rows sit transposed in columns 128 b .. 128 b + 127 of
     q_t (zeros after the expert's last row), so every expert starts on a 128-column boundary
     and q_t is k-major for the FP8 tensor cores. Blocks no expert uses are zero with scale 1;
     padding rows are not read. n a multiple of 16. No host sync on CUDA."""
     check_quantize_128x1_args(x, offs)
     if _op(x):
-        return torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
-    return reference_128x1(x, offs)
+        return torch.ops.cute_moe.quantize_fp8_128x1(x, offs, tile_scales)
+    return reference_128x1(x, offs, tile_scales)
 
 
-def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor):
-    """quantize_1x128(x) and quantize_128x1(x, offs) from one read of x: (q, scale, q_t, scale_t),
-    the same bits as the two calls. For an operand that feeds both an input-gradient GEMM (by
-    1 x 128 blocks) and a weight gradient (by 128 x 1 blocks of each group's rows)."""
+def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor, tile_scales: bool = False):
+    """quantize_1x128(x) and quantize_128x1(x, offs, tile_scales) from one read of x: (q, scale,
+    q_t, scale_t), the same bits as the two calls. For an operand that feeds both an
+    input-gradient GEMM (by 1 x 128 blocks) and a weight gradient (by 128 x 1 or 128 x 128
+    blocks of each group's rows)."""
     check_quantize_1x128_args(x)
     check_quantize_128x1_args(x, offs)
     if _op(x):
-        return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs)
-    return reference_1x128_128x1(x, offs)
+        return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales)
+    return reference_1x128_128x1(x, offs, tile_scales)
 
 
 def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

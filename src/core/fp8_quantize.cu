@@ -207,9 +207,11 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(Quantiz
 // With a.q (the 1x128 copy too), each row's amax over the tile's 128 columns (one 1x128 block)
 // across the 16 lanes that hold the row; the blocks past the last group's take the padding
 // rows for that copy, 128 rows each (there are enough: ceil(rows / 128) + E blocks, the groups
-// use at most ceil(used / 128) + E - 1, so at least ceil(padding / 128) remain).
+// use at most ceil(used / 128) + E - 1, so at least ceil(padding / 128) remain). With
+// a.tile_scales, one scale for the whole 128 x 128 block: the maximum of the column maxima.
 __global__ void __launch_bounds__(kTileThreads, 3) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
   __shared__ float col_max[kTileThreads / 32][kBlock];
+  __shared__ float tile_max[kBlock / 32];  // tile_scales: the four column warps' maxima
   __shared__ ScaleDivisor col_div[kBlock];
   __shared__ int64_t block_row0, pad_row0;
   __shared__ int block_rows, pad_rows;
@@ -326,9 +328,23 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_group_columns_kernel
     float m = 0.0f;
 #pragma unroll
     for (int w = 0; w < kTileThreads / 32; ++w) m = nan_max(m, col_max[w][t]);
-    const float scale = block_scale(m);
-    col_div[t] = ScaleDivisor{scale, 1.0f / scale};
-    if (cb * kBlock + t < a.cols) a.scale[b * a.cols + cb * kBlock + t] = scale;
+    if (a.tile_scales) {  // the block's amax over its 128 columns (the four warps of t < 128)
+      m = warp_nan_max(m);
+      if ((t & 31) == 0) tile_max[t >> 5] = m;
+    } else {
+      const float scale = block_scale(m);
+      col_div[t] = ScaleDivisor{scale, 1.0f / scale};
+      if (cb * kBlock + t < a.cols) a.scale[b * a.cols + cb * kBlock + t] = scale;
+    }
+  }
+  if (a.tile_scales) {
+    __syncthreads();
+    if (t < kBlock) {
+      const float m = nan_max(nan_max(tile_max[0], tile_max[1]), nan_max(tile_max[2], tile_max[3]));
+      const float scale = block_scale(m);
+      col_div[t] = ScaleDivisor{scale, 1.0f / scale};
+      if (t == 0) a.scale[b * ((a.cols + kBlock - 1) / kBlock) + cb] = scale;
+    }
   }
   __syncthreads();
   // Column pair by column pair (each pair's two divisors read once), the eight rows' words

@@ -67,10 +67,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
   return {q, s, qt, st};
 }
 
-// (m, n) bf16 rows sorted by group -> (q_t e4m3 (n, 128 * blocks), scale fp32 (blocks, n)),
-// blocks = ceil(m / 128) + E: the transposed, group-blocked copy for a weight gradient; with
-// `rows` also quantize_fp8_1x128's (q, scale) from the same read, returned first.
-std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows) {
+// (m, n) bf16 rows sorted by group -> (q_t e4m3 (n, 128 * blocks), scale fp32 (blocks, n), or
+// (blocks, ceil(n / 128)) with tile_scales), blocks = ceil(m / 128) + E: the transposed,
+// group-blocked copy for a weight gradient; with `rows` also quantize_fp8_1x128's (q, scale) from
+// the same read, returned first.
+std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows,
+                                               bool tile_scales) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_row_major(x, "x");
   check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
@@ -79,8 +81,9 @@ std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Te
   const int64_t m = x.size(0), n = x.size(1);
   const int64_t row_blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
   at::Tensor q_t = at::empty({n, 128 * row_blocks}, x.options().dtype(at::kFloat8_e4m3fn));
-  at::Tensor scale = at::empty({row_blocks, n}, x.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty({row_blocks, tile_scales ? blocks(n) : n}, x.options().dtype(at::kFloat));
   QuantizeFp8GroupColumnsArgs a;
+  a.tile_scales = tile_scales;
   a.rows = m;
   a.cols = n;
   a.num_groups = static_cast<int32_t>(offs.size(0));
@@ -103,15 +106,17 @@ std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Te
   return {q, q_scale, q_t, scale};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs) {
-  auto out = quantize_group_columns(x, offs, false);
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, const at::Tensor& offs,
+                                                           bool tile_scales) {
+  auto out = quantize_group_columns(x, offs, false, tile_scales);
   return {out[0], out[1]};
 }
 
 // quantize_fp8_1x128 and quantize_fp8_128x1 of x from one read: (q, scale, q_t, scale_t).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_128x1_cuda(const at::Tensor& x,
-                                                                                        const at::Tensor& offs) {
-  auto out = quantize_group_columns(x, offs, true);
+                                                                                        const at::Tensor& offs,
+                                                                                        bool tile_scales) {
+  auto out = quantize_group_columns(x, offs, true, tile_scales);
   return {out[0], out[1], out[2], out[3]};
 }
 
@@ -308,8 +313,8 @@ const std::string kFp8ActDefaults = act_schema_defaults();
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128(Tensor x) -> (Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("quantize_fp8_128x1(Tensor x, Tensor offs) -> (Tensor, Tensor)");
-  m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quantize_fp8_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor)");
+  m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
         "Tensor? row_scale=None) -> Tensor");
   m.def(("grouped_mm_fp8_act(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, " +

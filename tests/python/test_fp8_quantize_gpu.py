@@ -125,16 +125,17 @@ def _offs(counts):
     ([0, 0], 9, 48),                     # no routed rows: every block unused
     ([1000], 0, 1040),                   # one group, a partial column tile
 ])
-def test_quantize_128x1_matches_reference(counts, pad, cols):
+@pytest.mark.parametrize("tile_scales", [False, True], ids=["", "tile_scales"])
+def test_quantize_128x1_matches_reference(counts, pad, cols, tile_scales):
     m = sum(counts) + pad
     x = _data((m, cols), m + cols, special=m > 0)
     x[sum(counts):] = float("nan")  # padding rows: never read
     offs = _offs(counts)
-    q_t, s = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
-    rq, rs = ref.quantize_128x1_t(x, offs)  # reads the groups' rows only
+    q_t, s = torch.ops.cute_moe.quantize_fp8_128x1(x, offs, tile_scales)
+    rq, rs = ref.quantize_128x1_t(x, offs, tile_scales)  # reads the groups' rows only
     blocks = (m + 127) // 128 + len(counts)
     assert q_t.dtype == ref.FP8_DTYPE and q_t.shape == (cols, 128 * blocks)
-    assert s.shape == (blocks, cols)
+    assert s.shape == (blocks, (cols + 127) // 128 if tile_scales else cols)
     assert torch.equal(s, rs) and torch.equal(_bits(q_t), _bits(rq))
     used = sum((c + 127) // 128 for c in counts)  # blocks past these: zeros, scale 1
     assert bool((s[used:] == 1).all()) and bool((_bits(q_t[:, 128 * used:]) == 0).all())
@@ -171,19 +172,20 @@ def test_quantize_128x1_rejects_bad_input():
     ([1] * 64, 2000, 32),                # 64 one-row groups, then 2000 padding rows
     ([1000], 0, 1040),                   # one group, a partial column tile
 ])
-def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols):
+@pytest.mark.parametrize("tile_scales", [False, True], ids=["", "tile_scales"])
+def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols, tile_scales):
     """One read, both copies: the bits of quantize_fp8_1x128 (every row, padding rows too) and
     of quantize_fp8_128x1."""
     m = sum(counts) + pad
     x = _data((m, cols), 7 * m + cols, special=m > 0)
     offs = _offs(counts)
-    q, s, q_t, s_t = torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs)
+    q, s, q_t, s_t = torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales)
     rq, rs = torch.ops.cute_moe.quantize_fp8_1x128(x)
-    rq_t, rs_t = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
+    rq_t, rs_t = torch.ops.cute_moe.quantize_fp8_128x1(x, offs, tile_scales)
     assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
     assert torch.equal(s_t, rs_t) and torch.equal(_bits(q_t), _bits(rq_t))
-    want = ref.quantize_1x128(x) + ref.quantize_128x1_t(x, offs)
-    got = cute_moe.fp8.quantize_1x128_128x1(x, offs)
+    want = ref.quantize_1x128(x) + ref.quantize_128x1_t(x, offs, tile_scales)
+    got = cute_moe.fp8.quantize_1x128_128x1(x, offs, tile_scales)
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(_bits(a) if a.dtype == ref.FP8_DTYPE else a, _bits(b) if b.dtype == ref.FP8_DTYPE else b)

@@ -242,3 +242,36 @@ def test_quantize_1x128_128x1_wrapper_on_cpu_and_its_checks():
         with FakeTensorMode() as mode:
             shapes = [tuple(t.shape) for t in op(mode.from_tensor(x), mode.from_tensor(offs))]
         assert shapes == [(150, 32), (150, 1), (32, 128 * 5), (5, 32)]
+
+
+def test_quantize_128x1_tile_scales_one_per_128_columns():
+    """tile_scales: one scale per 128 x 128 block (a 128-row block of one group, 128 columns): its
+    amax / 448, so each block's largest magnitude maps to 448; the dequantized values within
+    e4m3's half step of that scale; the op's CPU kernel and the wrapper agree."""
+    import cute_moe
+    counts = [0, 130, 5, 0]
+    offs = offsets_from_counts(counts)
+    x = (torch.randn(sum(counts) + 3, 272) * torch.linspace(0.1, 10, 272)).to(torch.bfloat16)
+    q_t, s = fp8.quantize_128x1_t(x, offs, tile_scales=True)
+    assert tuple(s.shape) == (fp8._blocks(x.shape[0]) + 4, 3)
+    deq = fp8.dequantize_128x1_t(q_t, s)
+    col = 0
+    for start, end, first in fp8.group_row_blocks(offs, x.shape[0]):
+        for b, r in enumerate(range(start, end, 128)):
+            rows = x[r:min(r + 128, end)].float()
+            for j in range(3):
+                tile = rows[:, 128 * j:128 * (j + 1)]
+                assert s[first + b, j] == tile.abs().max() / 448
+                got = deq[128 * j:128 * (j + 1), 128 * (first + b):128 * (first + b) + rows.shape[0]].T
+                assert bool(((got - tile).abs() <= s[first + b, j] * 16).all())  # e4m3: 3 bits
+    got = cute_moe.fp8.quantize_128x1(x, offs, tile_scales=True)
+    assert torch.equal(got[0].view(torch.uint8), q_t.view(torch.uint8)) and torch.equal(got[1], s)
+    both = cute_moe.fp8.quantize_1x128_128x1(x, offs, tile_scales=True)
+    assert torch.equal(both[2].view(torch.uint8), q_t.view(torch.uint8)) and torch.equal(both[3], s)
+    if cute_moe.library_loaded():
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        op = torch.ops.cute_moe.quantize_fp8_128x1
+        assert torch.equal(op(x, offs, True)[1], s)
+        with FakeTensorMode() as mode:
+            shapes = [tuple(t.shape) for t in op(mode.from_tensor(x), mode.from_tensor(offs), True)]
+        assert shapes == [(272, 128 * 6), (6, 3)]

@@ -107,28 +107,29 @@ def _row_blocks(m: int, groups: int) -> int:
     return _blocks(m) + groups
 
 
-def _fake_128x1(x, offs):
+def _fake_128x1(x, offs, tile_scales=False):
     check_quantize_128x1_args(x, offs)
     m, n = x.shape
     b = _row_blocks(m, offs.shape[0])
-    return x.new_empty(n, 128 * b, dtype=FP8_DTYPE), x.new_empty(b, n, dtype=torch.float32)
+    return (x.new_empty(n, 128 * b, dtype=FP8_DTYPE),
+            x.new_empty(b, _blocks(n) if tile_scales else n, dtype=torch.float32))
 
 
-def reference_128x1(x, offs):
+def reference_128x1(x, offs, tile_scales=False):
     """The op's outputs from the reference (its CPU kernel, and cute_moe.fp8's fallback)."""
     check_quantize_128x1_args(x, offs)
-    return quantize_128x1_t(x, offs)
+    return quantize_128x1_t(x, offs, tile_scales)
 
 
-def _fake_1x128_128x1(x, offs):
-    return _fake_1x128(x) + _fake_128x1(x, offs)
+def _fake_1x128_128x1(x, offs, tile_scales=False):
+    return _fake_1x128(x) + _fake_128x1(x, offs, tile_scales)
 
 
-def reference_1x128_128x1(x, offs):
+def reference_1x128_128x1(x, offs, tile_scales=False):
     """quantize_fp8_1x128_128x1's outputs from the reference: (q, scale) of quantize_1x128 and
     (q_t, scale_t) of quantize_128x1."""
     check_quantize_128x1_args(x, offs)
-    return quantize_1x128(x) + quantize_128x1_t(x, offs)
+    return quantize_1x128(x) + quantize_128x1_t(x, offs, tile_scales)
 
 
 # --- grouped_mm_fp8: the ragged-M FP8 GEMM --------------------------------------------

@@ -96,31 +96,42 @@ def group_row_blocks(offs: torch.Tensor, m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def quantize_128x1(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_128x1(x: torch.Tensor, offs: torch.Tensor,
+                   tile_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(m, n) routed rows sorted by expert -> e4m3 (m, n) and fp32 scales
     (ceil(m / 128) + groups, n): one per column and 128 rows of one group, the blocks of each
     group starting at its first row (group_row_blocks). Unused scale rows are 1; padding
-    rows (at or past offs[-1]) quantize to zero."""
+    rows (at or past offs[-1]) quantize to zero. tile_scales: one scale per 128 columns of such
+    a block instead (its amax over them), scales (ceil(m / 128) + groups, ceil(n / 128))."""
     if x.dim() != 2:
         raise ValueError(f"quantize_128x1: expected a 2-D (m, n) tensor, got shape {tuple(x.shape)}")
     m, n = x.shape
     q = torch.zeros(m, n, dtype=FP8_DTYPE, device=x.device)
-    scale = torch.ones(_blocks(m) + offs.numel(), n, dtype=torch.float32, device=x.device)
+    scale = torch.ones(_blocks(m) + offs.numel(), _blocks(n) if tile_scales else n, dtype=torch.float32,
+                       device=x.device)
     for start, end, first in group_row_blocks(offs, m):
         for b, r in enumerate(range(start, end, BLOCK)):
             rows = x[r:min(r + BLOCK, end)].float()
-            s = _scale(rows.abs().amax(dim=0))
-            scale[first + b] = s
+            amax = rows.abs().amax(dim=0)
+            if tile_scales:
+                s = _scale(_pad_cols(amax[None])[0].view(-1, BLOCK).amax(dim=1))
+                scale[first + b] = s
+                s = s.repeat_interleave(BLOCK)[:n]
+            else:
+                s = _scale(amax)
+                scale[first + b] = s
             q[r:r + rows.shape[0]] = _cast(rows, s)
     return q, scale
 
 
-def quantize_128x1_t(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_128x1_t(x: torch.Tensor, offs: torch.Tensor,
+                     tile_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_128x1 laid out for the weight-gradient GEMM, which reads both operands k-major
     (the routed rows contiguous): q_t (n, 128 * blocks) e4m3 with block b's rows in columns
     128 b .. 128 b + 127 (zeros after its group's last row, and in the blocks no group uses),
-    and the same scale (blocks, n), blocks = ceil(m / 128) + groups."""
-    q, scale = quantize_128x1(x, offs)
+    and the same scale (blocks, n) (tile_scales: (blocks, ceil(n / 128))), blocks =
+    ceil(m / 128) + groups."""
+    q, scale = quantize_128x1(x, offs, tile_scales)
     m, n = x.shape
     q_t = torch.zeros(n, BLOCK * scale.shape[0], dtype=FP8_DTYPE, device=x.device)
     for start, end, first in group_row_blocks(offs, m):
@@ -133,7 +144,10 @@ def quantize_128x1_t(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor,
 
 def dequantize_128x1_t(q_t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 (n, 128 * blocks) values of quantize_128x1_t's output (each column block times its
-    scale row)."""
+    scale row; a (blocks, ceil(n / 128)) scale of tile_scales covers 128 rows of q_t each)."""
+    n = q_t.shape[0]
+    if scale.shape[1] != n:
+        scale = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
     return q_t.float() * scale.t().repeat_interleave(BLOCK, dim=1)
 
 
