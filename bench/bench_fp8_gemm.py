@@ -5,8 +5,8 @@
 #   bf16      cute_moe's bf16 GEMM (cute_moe.grouped_mm) of the unquantized operands
 #   torch-fp8 torch._scaled_grouped_mm: e4m3 with rowwise scales (one per row of x, one per
 #             output column of each expert), torch 2.11's FP8 grouped GEMM
-# * weight gradients (ragged K, cute_moe.fp8.grouped_mm_wgrad: both operands by 128x1 blocks
-#   of each expert's rows, quantize_128x1's transposed copies):
+# * weight gradients (ragged K, cute_moe.fp8.grouped_mm_wgrad: quantize_128x1's transposed
+#   copies, x by 128x1 blocks of each expert's rows, dy by 128x128):
 #   bf16      cute_moe's bf16 weight gradient (torch.ops.cute_moe.grouped_mm_wgrad)
 #   fp8 + quantize  the FP8 GEMM with the two 128x1 quantizations of its bf16 operands
 # for the GEMMs of the GPT-OSS-20B and Qwen3-30B-A3B expert layers (up and down projection),
@@ -86,10 +86,10 @@ def bench_wgrad(name, m, k, n, sizes, reps, warmup, seed, configs=()):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen)
     a_t, a_s = fp8.quantize_128x1(x, offs)
-    b_t, b_s = fp8.quantize_128x1(dy, offs)
+    b_t, b_s = fp8.quantize_128x1(dy, offs, tile_scales=True)
 
     def quantized():
-        return fp8.grouped_mm_wgrad(*fp8.quantize_128x1(x, offs), *fp8.quantize_128x1(dy, offs), offs)
+        return fp8.grouped_mm_wgrad(*fp8.quantize_128x1(x, offs), *fp8.quantize_128x1(dy, offs, True), offs)
 
     sides = {
         "fp8 (ours)": lambda: fp8.grouped_mm_wgrad(a_t, a_s, b_t, b_s, offs),

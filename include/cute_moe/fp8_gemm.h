@@ -115,14 +115,18 @@ Result fp8_act_backward(const Fp8ActBackwardArgs& args, const WorkspaceAllocator
 
 // The weight gradients: dw[e] = deq(a_e)^T @ deq(b_e), a (k x n) fp32 sum over the routed rows
 // of expert e rounded once to bf16; empty experts give exact zeros. The operands are
-// quantize_fp8_128x1's (fp8_quantize.h): the (m, k) and (m, n) row-sorted matrices by 128 x 1
-// blocks of each expert's rows, transposed, blocks = fp8_group_row_blocks(m, num_groups):
+// quantize_fp8_128x1's (fp8_quantize.h): the (m, k) and (m, n) row-sorted matrices in blocks of
+// 128 of each expert's rows, transposed, blocks = fp8_group_row_blocks(m, num_groups):
 //   a_t  e4m3 (k, 128 blocks), row stride lda_t: block b of expert e's rows in columns
 //        128 b .. 128 b + 127 (zeros past its last row); expert e's blocks follow those of
 //        the experts before it, ceil(rows_e / 128) of them
-//   a_scale  fp32 (blocks, k): element (b, i) at a_scale + b * a_scale_stride_block + i
-//   b_t, b_scale  the same for the (m, n) operand
-// deq(a_e)[r, i] = a_t[i, column of r] * a_scale[block of r, i].
+//   a_scale  fp32 (blocks, k): one per 128 x 1 block, element (b, i) at
+//        a_scale + b * a_scale_stride_block + i
+//   b_t  the same layout for the (m, n) operand (the gradient), quantized with tile_scales:
+//   b_scale  fp32 (blocks, ceil(n / 128)): one per 128 x 128 block (a 128-row block and 128
+//        columns), element (b, j) at b_scale + b * b_scale_stride_block + j
+// deq(a_e)[r, i] = a_t[i, column of r] * a_scale[block of r, i]; deq(b_e)[r, j] =
+// b_t[j, column of r] * b_scale[block of r, j / 128].
 struct Fp8RaggedKGemmArgs {
   int64_t m = 0;  // rows the operands were quantized from (an upper bound of offs[E-1])
   int64_t k = 0;  // rows of each dw[e] (of a_t), a multiple of 16
@@ -136,7 +140,7 @@ struct Fp8RaggedKGemmArgs {
   int64_t a_scale_stride_block = 0;
   const void* b_t = nullptr;  // e4m3 (n, 128 blocks), row stride ldb_t (a multiple of 16)
   int64_t ldb_t = 0;
-  const float* b_scale = nullptr;  // (blocks, n)
+  const float* b_scale = nullptr;  // (blocks, ceil(n / 128))
   int64_t b_scale_stride_block = 0;
   void* dw = nullptr;  // bf16 (num_groups, k, n) contiguous
 };

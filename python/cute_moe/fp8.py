@@ -115,10 +115,11 @@ def grouped_mm_wgrad(a_t: torch.Tensor, a_scale: torch.Tensor, b_t: torch.Tensor
                      b_scale: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The FP8 weight gradient (ragged-K grouped GEMM): dw[e] = deq(a_e)^T @ deq(b_e), an
     (k, n) fp32 sum over expert e's routed rows rounded once to bfloat16, (E, k, n); empty
-    experts exactly zero. a_t, a_scale and b_t, b_scale are quantize_128x1's outputs for the
-    (m, k) and (m, n) row-sorted operands (e.g. x and dpre for the up projection's weight):
-    e4m3 (k, 128 * blocks) and (n, 128 * blocks), scales (blocks, k) and (blocks, n), blocks =
-    ceil(m / 128) + E. No host sync on CUDA."""
+    experts exactly zero. a_t, a_scale = quantize_128x1(a) and b_t, b_scale =
+    quantize_128x1(b, tile_scales=True) for the (m, k) and (m, n) row-sorted operands (e.g. x
+    and dpre for the up projection's weight): e4m3 (k, 128 * blocks) and (n, 128 * blocks),
+    scales (blocks, k) and (blocks, ceil(n / 128)), blocks = ceil(m / 128) + E. No host sync
+    on CUDA."""
     check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs)
     # the copies of m rows hold ceil(m / 128) + E blocks: offs within the largest such m
     check_offs_values("grouped_mm_fp8_wgrad", offs, 128 * (a_scale.shape[0] - offs.shape[0]),

@@ -7,10 +7,11 @@ training path so far; docs/fp8.md)."""
 # the backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per
 # GPT-OSS-20B layer than the bf16 block keeps; recast, they cost one more read of the bf16
 # weights, ~0.5 ms a GPT-OSS-20B layer on an H100); activations and gradients are quantized
-# right before the GEMM that reads them: 1x128 for the ragged-M GEMMs, and by 128x1 blocks of
-# each expert's rows for the weight gradients (x, dy and dpre feed both: one pass writes both
-# copies, and the up projection keeps x's 128x1 copy for its weight gradient instead of the
-# bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel, the
+# right before the GEMM that reads them: 1x128 for the ragged-M GEMMs; for the FP8 weight
+# gradients (FP8_WEIGHT_GRADS) by blocks of each expert's rows, 128x1 for the activation operand
+# (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and dpre feed both kinds of GEMM: one
+# pass writes both copies, and the up projection keeps x's 128x1 copy for its weight gradient
+# instead of the bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel, the
 # down projection's input gradient writes dpre, prob * h and dprob from another (the bf16
 # kernels' epilogues on the FP8 mainloop); the bias gradients are fp32 column sums of the bf16
 # dpre and dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
@@ -67,16 +68,18 @@ def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.
     return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
 
 
-def _quantized(a: torch.Tensor, offs, both: bool):
-    """a's 1x128 copy (q, scale), and with `both` its 128x1 copy (q_t, scale_t) from the same
-    pass (None, None without)."""
+def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
+    """a's 1x128 copy (q, scale), and with `both` its weight-gradient copy from the same pass
+    (q_t, scale_t: by 128 x 1 blocks of each expert's rows, or 128 x 128 with tile_scales, the
+    gradient operand's; None, None without)."""
     if both:
-        return quantize_1x128_128x1(a, offs)
+        return quantize_1x128_128x1(a, offs, tile_scales)
     return (*quantize_1x128(a), None, None)
 
 
 def _fp8_weight_grad(a_t, b_t, offs, w):
-    """dW = a^T b from the two 128x1 copies ((q_t, scale_t) each), as w's (E, k, n) bf16."""
+    """dW = a^T b from the weight-gradient copies ((q_t, scale_t) each: a by 128 x 1 blocks, b
+    by 128 x 128), as w's (E, k, n) bf16."""
     return grouped_mm_wgrad(*a_t, *b_t, offs).to(w.dtype)
 
 
@@ -92,7 +95,7 @@ class _Fp8UpProj(torch.autograd.Function):
         up = _transposed(w_up)
         need_w = ctx.needs_input_grad[1]
         fp8_w = need_w and FP8_WEIGHT_GRADS
-        xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w)
+        xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
         if act.name == "none":
             pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
             h = pre.new_empty(0)
@@ -119,11 +122,11 @@ class _Fp8UpProj(torch.autograd.Function):
             return dx, dw, None, db, None
         dx = None
         if need_x:
-            dq, d_scale, dq_t, d_scale_t = quantize_1x128_128x1(dpre, offs)
+            dq, d_scale, dq_t, d_scale_t = _quantized(dpre, offs, True, True)
             dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
             del dq, d_scale
         else:
-            dq_t, d_scale_t = quantize_128x1(dpre, offs)
+            dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
         dw = _fp8_weight_grad((xq_t, x_scale_t), (dq_t, d_scale_t), offs, w_up)
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
         return dx, dw, None, db, None
@@ -161,7 +164,7 @@ class _Fp8DownProj(torch.autograd.Function):
         fp8_w = need_w and ctx.fp8_weight_grads
         dy_t = None  # dy's 128x1 copy, for the FP8 weight gradient
         if need_pre or need_prob:
-            dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w)
+            dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
             dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
                 dyq, dy_scale, *_as_is(w_down), offs, pre, prob, None, None, need_prob, act.name,
                 act.alpha, act.limit)
@@ -172,7 +175,7 @@ class _Fp8DownProj(torch.autograd.Function):
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
             if fp8_w:
-                dy_t = quantize_128x1(dy, offs)
+                dy_t = quantize_128x1(dy, offs, tile_scales=True)
         bias_dtype = ctx.bias_dtype if need_b and db is None else None
         if fp8_w:
             dw = _fp8_weight_grad(quantize_128x1(hp, offs), dy_t, offs, w_down)

@@ -290,8 +290,8 @@ Result validate(const Fp8RaggedKGemmArgs& a) {
             "128 * (ceil(m / 128) + num_groups)=", cols, ", got ldb_t=", a.ldb_t);
   c.require(a.a_scale_stride_block >= a.k, "a_scale_stride_block must be >= k=", a.k, ", got ",
             a.a_scale_stride_block);
-  c.require(a.b_scale_stride_block >= a.n, "b_scale_stride_block must be >= n=", a.n, ", got ",
-            a.b_scale_stride_block);
+  c.require(a.b_scale_stride_block >= (a.n + 127) / 128, "b_scale_stride_block must be >= ceil(n / 128)=",
+            (a.n + 127) / 128, ", got ", a.b_scale_stride_block);
   return c.result();
 }
 

@@ -258,8 +258,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
   return {dpre, h, dprob};
 }
 
-// dw (E, k, n) bf16 = the weight gradient from the 128 x 1 operands of quantize_fp8_128x1:
-// a_t (k, 128 blocks), b_t (n, 128 blocks), scales (blocks, k) and (blocks, n), blocks =
+// dw (E, k, n) bf16 = the weight gradient from quantize_fp8_128x1's operands: a_t (k, 128 blocks)
+// with scales (blocks, k), b_t (n, 128 blocks) with tile scales (blocks, ceil(n / 128)), blocks =
 // ceil(m / 128) + E for the m rows they were quantized from (m a multiple of 128 here: the
 // largest the shapes admit, an upper bound the device checks offs against).
 at::Tensor grouped_mm_fp8_wgrad_cuda(const at::Tensor& a_t, const at::Tensor& a_scale, const at::Tensor& b_t,
@@ -281,8 +281,8 @@ at::Tensor grouped_mm_fp8_wgrad_cuda(const at::Tensor& a_t, const at::Tensor& a_
               b_t.sizes());
   const int64_t blocks = cols / 128;
   check_scales(a_scale, "a_scale", {blocks, k}, a_t);
-  check_scales(b_scale, "b_scale", {blocks, n}, a_t);
-  TORCH_CHECK((a_scale.stride(1) == 1 || k <= 1) && (b_scale.stride(1) == 1 || n <= 1),
+  check_scales(b_scale, "b_scale", {blocks, (n + 127) / 128}, a_t);
+  TORCH_CHECK((a_scale.stride(1) == 1 || k <= 1) && (b_scale.stride(1) == 1 || n <= 128),
               "cute_moe: a_scale and b_scale must be contiguous along their last dimension, got strides ",
               a_scale.strides(), " and ", b_scale.strides());
   const c10::cuda::CUDAGuard guard(a_t.device());

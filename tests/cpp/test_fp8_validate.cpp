@@ -219,8 +219,8 @@ TEST(Fp8ActValidate, RejectsBadArguments) {
   expect_rejected(b, "row_scale_grad needs row_scale");
 }
 
-// GPT-OSS-20B's up-projection weight gradient: x (4096, 2880) and dpre (4096, 5760), 32 experts,
-// quantized by 128 x 1 blocks: 64 blocks, a_t (2880, 8192), b_t (5760, 8192).
+// GPT-OSS-20B's up-projection weight gradient: x (4096, 2880) by 128 x 1 blocks and dpre (4096,
+// 5760) by 128 x 128, 32 experts: 64 blocks, a_t (2880, 8192), b_t (5760, 8192).
 cute_moe::Fp8RaggedKGemmArgs valid_wgrad() {
   cute_moe::Fp8RaggedKGemmArgs a;
   a.m = 4096; a.k = 2880; a.n = 5760; a.num_groups = 32;
@@ -228,7 +228,7 @@ cute_moe::Fp8RaggedKGemmArgs valid_wgrad() {
   a.a_t = fake(0x10000); a.lda_t = 8192;
   a.a_scale = fake<const float>(0x20000); a.a_scale_stride_block = a.k;
   a.b_t = fake(0x30000); a.ldb_t = 8192;
-  a.b_scale = fake<const float>(0x40000); a.b_scale_stride_block = a.n;
+  a.b_scale = fake<const float>(0x40000); a.b_scale_stride_block = 45;  // ceil(n / 128)
   a.dw = fake(0x50000);
   return a;
 }
@@ -256,6 +256,9 @@ TEST(Fp8WgradValidate, RejectsBadArguments) {
   a = valid_wgrad();
   a.a_scale_stride_block = 2879;
   expect_rejected(a, "a_scale_stride_block must be >= k=2880, got 2879");
+  a = valid_wgrad();
+  a.b_scale_stride_block = 44;
+  expect_rejected(a, "b_scale_stride_block must be >= ceil(n / 128)=45, got 44");
   a = valid_wgrad();
   a.b_scale = nullptr;
   expect_rejected(a, "b_scale must not be null");

@@ -90,9 +90,9 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
         pre = bf16(x~ Wu~ + b_up),  h = bf16(act(pre)),  z = Q1(h) Wd~ + b_down,  y = prob z
         u = Q1(dy) Wd~^T,  dpre = bf16(act'(pre) prob u),  hp = bf16(prob h),
         dprob = <act(pre), u> + <dy, b_down>,  dx = Q1(dpre) Wu~^T,
-        dW_up = Qc(x)^T Qc(dpre),  db_up = sum dpre,  dW_down = Qc(hp)^T Qc(dy),  db_down = sum prob dy
-    per expert (Q1 by 1 x 128 blocks, Qc by 128 x 1 blocks of each expert's rows: with
-    fp8_weight_grads, else the identity), padding rows zero. The bf16 roundings of the FP8 path's intermediates (pre, h,
+        dW_up = Qc(x)^T Qt(dpre),  db_up = sum dpre,  dW_down = Qc(hp)^T Qt(dy),  db_down = sum prob dy
+    per expert (Q1 by 1 x 128 blocks; Qc by 128 x 1 and Qt by 128 x 128 blocks of each expert's
+    rows, with fp8_weight_grads, else the identity), padding rows zero. The bf16 roundings of the FP8 path's intermediates (pre, h,
     hp, dpre: GEMM outputs and the inputs of the quantizers) are applied here too, so that the
     quantizers see the same values; u and act(pre) inside dprob and dpre stay unrounded as in
     the fused backward kernel; the outputs are not rounded (dtype).
@@ -113,10 +113,12 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
             return t.to(dtype)
         return _deq_1x128(*ref_fp8.quantize_1x128(t.to(BF16)), dtype)
 
-    def qc(t, name):  # the weight gradients' copies, by 128 x 1 blocks of each expert's rows
+    def qc(t, name, tile_scales=False):  # a weight gradient's copy: blocks of each expert's rows
         if name in unquantized or not fp8_weight_grads:
             return t.to(dtype)
-        q, scale = ref_fp8.quantize_128x1(t.to(BF16), offs)
+        q, scale = ref_fp8.quantize_128x1(t.to(BF16), offs, tile_scales)
+        if tile_scales:
+            scale = scale.repeat_interleave(128, dim=1)[:, :t.shape[1]]
         out = torch.zeros(t.shape, dtype=dtype, device=t.device)
         for start, end, first in ref_fp8.group_row_blocks(offs, m):
             for b, r in enumerate(range(start, end, 128)):
@@ -153,7 +155,7 @@ def fp8_ffn_ref(leaves, offs, activation, dy, dtype=torch.float64, alpha=1.702, 
     hp = r16(hf * p) if p is not None else h
     dpq = q1(dpre, "dpre")
     grads = {"x": per_group(lambda e, s, t: dpq[s:t] @ wu[e].transpose(0, 1), dpre, x.shape[1])}
-    xc, dpc, hpc, dyc = qc(x, "x"), qc(dpre, "dpre"), qc(hp, "hp"), qc(dy, "dy")
+    xc, dpc, hpc, dyc = qc(x, "x"), qc(dpre, "dpre", True), qc(hp, "hp"), qc(dy, "dy", True)
     bounds = group_bounds(offs, m)
     grads["w_up"] = torch.stack([xc[s:t].T @ dpc[s:t] for s, t in bounds])
     grads["w_down"] = torch.stack([hpc[s:t].T @ dyc[s:t] for s, t in bounds])

@@ -1,7 +1,8 @@
 # Random problems of the FP8 weight-gradient GEMM (cute_moe.fp8.grouped_mm_wgrad): two
-# row-sorted bf16 operands quantized by 128 x 1 blocks of each group's rows (transposed, as
-# quantize_128x1 lays them out), and the accuracy check of a gradient against the fp32
-# reference on the same quantized inputs; shared by the CPU and GPU tests.
+# row-sorted bf16 operands quantized in blocks of each group's rows (transposed, as
+# quantize_128x1 lays them out; a by 128 x 1, b by 128 x 128: tile_scales), and the accuracy
+# check of a gradient against the fp32 reference on the same quantized inputs; shared by the
+# CPU and GPU tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ class WgradProblem:
     a_t: torch.Tensor     # e4m3 (k, 128 * blocks)
     a_scale: torch.Tensor  # (blocks, k)
     b_t: torch.Tensor     # e4m3 (n, 128 * blocks)
-    b_scale: torch.Tensor  # (blocks, n)
+    b_scale: torch.Tensor  # (blocks, ceil(n / 128))
     offs: torch.Tensor
     counts: list[int]
     x: torch.Tensor       # the bf16 operands they were quantized from, (m, k) and (m, n)
@@ -46,7 +47,7 @@ def make_wgrad_problem(counts, k, n, *, pad=0, device="cpu", seed=0, poison=True
     dy = torch.randn(m, n, generator=g, device=device).to(BF16)
     offs = offsets_from_counts(counts, device=device)
     a_t, a_s = fp8.quantize_128x1(x, offs)
-    b_t, b_s = fp8.quantize_128x1(dy, offs)
+    b_t, b_s = fp8.quantize_128x1(dy, offs, tile_scales=True)
     if poison:
         used = used_blocks(counts)
         for q, s in ((a_t, a_s), (b_t, b_s)):

@@ -255,7 +255,6 @@ def test_quantize_128x1_tile_scales_one_per_128_columns():
     q_t, s = fp8.quantize_128x1_t(x, offs, tile_scales=True)
     assert tuple(s.shape) == (fp8._blocks(x.shape[0]) + 4, 3)
     deq = fp8.dequantize_128x1_t(q_t, s)
-    col = 0
     for start, end, first in fp8.group_row_blocks(offs, x.shape[0]):
         for b, r in enumerate(range(start, end, 128)):
             rows = x[r:min(r + 128, end)].float()

@@ -15,10 +15,12 @@ from fp8_wgrad_cases import BF16, check_wgrad, make_wgrad_problem
 
 def naive64(p):
     """dw[e] = sum over e's rows r of deq(x)[r]^T deq(dy)[r] in float64, from the untransposed
-    128 x 1 quantization (cute_moe.reference.fp8.quantize_128x1), group by group."""
+    quantizations (cute_moe.reference.fp8.quantize_128x1: x by 128 x 1 blocks, dy by 128 x 128),
+    group by group."""
     m = p.x.shape[0]
     xq, xs = ref.quantize_128x1(p.x, p.offs)
-    dq, ds = ref.quantize_128x1(p.dy, p.offs)
+    dq, ds = ref.quantize_128x1(p.dy, p.offs, tile_scales=True)
+    ds = ds.repeat_interleave(128, dim=1)[:, :p.dy.shape[1]]
     dw = torch.zeros(len(p.counts), p.x.shape[1], p.dy.shape[1], dtype=torch.float64)
     for e, (start, end, first) in enumerate(ref.group_row_blocks(p.offs, m)):
         for r in range(start, end):
@@ -44,13 +46,14 @@ def test_fallback_matches_float64(counts, k, n, pad):
 def test_transposed_reference_agrees_with_the_untransposed_one():
     p = make_wgrad_problem([40, 0, 200, 129], 64, 48, pad=2, seed=3)
     xq, xs = ref.quantize_128x1(p.x, p.offs)
-    dq, ds = ref.quantize_128x1(p.dy, p.offs)
+    dq, ds = ref.quantize_128x1(p.dy, p.offs, tile_scales=True)
+    ds = ds.repeat_interleave(128, dim=1)[:, :p.dy.shape[1]]
     torch.testing.assert_close(ref.grouped_mm_wgrad_fp8_t_ref(*p.args()),
                                ref.grouped_mm_wgrad_fp8_ref(xq, xs, dq, ds, p.offs), rtol=1e-5, atol=1e-4)  # fp32 sums
 
 
 def _bad_cases():
-    p = make_wgrad_problem([6, 0, 200], 32, 16, pad=2, seed=8)
+    p = make_wgrad_problem([6, 0, 200], 32, 256, pad=2, seed=8)
     a = dict(zip(("a_t", "a_scale", "b_t", "b_scale", "offs"), p.args()))
     return [
         ("a_t", dict(a, a_t=p.a_t.float().to(BF16)), "dtype torch.float8_e4m3fn"),
@@ -60,6 +63,7 @@ def _bad_cases():
         ("b_t", dict(a, b_t=p.b_t[:8]), "a positive multiple of 16 rows"),
         ("a_t", dict(a, a_t=p.a_t.repeat_interleave(2, dim=1)[:, ::2]), "unit stride along its columns"),
         ("a_scale", dict(a, a_scale=p.a_scale[:-1]), "one per 128-row block and column"),
+        ("b_scale", dict(a, b_scale=p.a_scale[:, :3]), "one per 128-row block and 128 columns"),
         ("b_scale", dict(a, b_scale=p.b_scale.t().contiguous().t()), "unit stride along its last"),
         ("b_scale", dict(a, b_scale=p.b_scale.double()), "float32"),
         ("offs", dict(a, offs=p.offs.long()), "int32"),
@@ -67,7 +71,7 @@ def _bad_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_argument_checks(case):
     name, args, why = _bad_cases()[case]
     with pytest.raises(ValueError, match=rf"cute_moe\.grouped_mm_fp8_wgrad: {name}: expected .*{why}"):

@@ -94,7 +94,7 @@ def test_cuda_graph_replay_with_new_routing():
 
     def step():  # quantize both operands and reduce, as a training step's backward does
         a_t, a_s = cute_moe.fp8.quantize_128x1(x, offs)
-        b_t, b_s = cute_moe.fp8.quantize_128x1(dy, offs)
+        b_t, b_s = cute_moe.fp8.quantize_128x1(dy, offs, tile_scales=True)
         return torch.ops.cute_moe.grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs)
 
     graph, out = testing.capture_graph(step)
@@ -105,7 +105,7 @@ def test_cuda_graph_replay_with_new_routing():
         graph.replay()
         torch.cuda.synchronize()
         a_t, a_s = cute_moe.fp8.quantize_128x1(x, offs)
-        b_t, b_s = cute_moe.fp8.quantize_128x1(dy, offs)
+        b_t, b_s = cute_moe.fp8.quantize_128x1(dy, offs, tile_scales=True)
         assert torch.equal(out, torch.ops.cute_moe.grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs)), routing
         assert bool((out[torch.tensor(counts, device="cuda") == 0] == 0).all()), routing
 
@@ -120,14 +120,14 @@ def test_torch_compile_fullgraph():
 
 def _bad_inputs():
     """(name, args) pairs, each breaking one rule the CUDA op checks itself."""
-    p = make_wgrad_problem([6, 0, 200], 256, 128, pad=2, device="cuda", seed=8)
+    p = make_wgrad_problem([6, 0, 200], 256, 256, pad=2, device="cuda", seed=8)
     a = dict(zip(("a_t", "a_scale", "b_t", "b_scale", "offs"), p.args()))
     return [
         ("a_t", dict(a, a_t=p.a_t.float().to(BF16))),                # bf16
         ("b_t", dict(a, a_t=p.a_t[:, :-128])),                      # fewer blocks than b_t
         ("b_t", dict(a, b_t=p.b_t[:, :-128])),
         ("a_t", dict(a, a_t=p.a_t[:, :-16])),                       # not whole blocks
-        ("b_t", dict(a, b_t=p.b_t[:-8], b_scale=p.b_scale[:, :-8])),  # n not a multiple of 16
+        ("b_t", dict(a, b_t=p.b_t[:-8])),                           # n not a multiple of 16
         ("a_scale", dict(a, a_scale=p.a_scale[:-1])),
         ("b_scale", dict(a, b_scale=p.b_scale[:, :-1])),
         ("b_scale", dict(a, b_scale=p.b_scale.t().contiguous().t())),  # not contiguous along n
@@ -152,6 +152,7 @@ def test_bad_offs_traps_on_the_device():
         "import torch, cute_moe\n"
         "a = torch.zeros(128, 128 * 3, device='cuda').to(torch.float8_e4m3fn)\n"
         "s = torch.ones(3, 128, device='cuda')\n"
+        "sb = torch.ones(3, 1, device='cuda')\n"
         "offs = torch.tensor([100, 900], dtype=torch.int32, device='cuda')\n",
-        "torch.ops.cute_moe.grouped_mm_fp8_wgrad(a, s, a, s, offs)")
+        "torch.ops.cute_moe.grouped_mm_fp8_wgrad(a, s, a, sb, offs)")
     assert "fp8_ragged_k_gemm: invalid offs at group 1" in out, out

@@ -135,11 +135,11 @@ def _run(call, act, g, offs, limit):
                                                 act, ALPHA, limit)
         for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
             _check(name, a, b)
-    elif call == "fp8_ragged_k":  # the weight gradient from both operands by 128 x 1 blocks
+    elif call == "fp8_ragged_k":  # the weight gradient: a by 128 x 1 blocks, b by 128 x 128
         from cute_moe import fp8
         from cute_moe.ops.fp8 import reference_grouped_mm_fp8_wgrad
         a_t, a_s = fp8.quantize_128x1(_randn(g, M + PAD, K), offs)
-        b_t, b_s = fp8.quantize_128x1(_randn(g, M + PAD, N), offs)
+        b_t, b_s = fp8.quantize_128x1(_randn(g, M + PAD, N), offs, tile_scales=True)
         _check("dw", ops.grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs),
                reference_grouped_mm_fp8_wgrad(a_t, a_s, b_t, b_s, offs).float())
     else:  # act_backward: dy (m, H) @ W_down[e]^T, w the (E, H, I) operand

@@ -309,7 +309,8 @@ def check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs) -> None:
     """The rules of cute_moe::grouped_mm_fp8_wgrad: a_t (k, 128 * blocks) and b_t
     (n, 128 * blocks) e4m3 with unit stride along their columns and row strides that are
     multiples of 16 (quantize_fp8_128x1's q_t), k and n positive multiples of 16, blocks >= E;
-    a_scale (blocks, k) and b_scale (blocks, n) float32, contiguous along their last
+    a_scale (blocks, k) (one per 128 x 1 block) and b_scale (blocks, ceil(n / 128)) (one per
+    128 x 128 block: quantize_fp8_128x1 with tile_scales) float32, contiguous along their last
     dimension; offs (E,) int32, 1 <= E <= 65536; one device."""
     op = "grouped_mm_fp8_wgrad"
     check_tensor(op, "a_t", a_t, 2, FP8_DTYPE)
@@ -334,10 +335,11 @@ def check_grouped_mm_fp8_wgrad_args(a_t, a_scale, b_t, b_scale, offs) -> None:
             fail(op, name, "a row stride that is a multiple of 16 elements (16-byte rows)",
                  f"strides {t.stride()}")
     blocks = cols // 128
-    for name, t, d in (("a_scale", a_scale, k), ("b_scale", b_scale, n)):
+    for name, t, d, per in (("a_scale", a_scale, k, "column"),
+                            ("b_scale", b_scale, _blocks(n), "128 columns (tile_scales)")):
         check_tensor(op, name, t, 2, torch.float32)
         if tuple(t.shape) != (blocks, d):
-            fail(op, name, f"shape {(blocks, d)}: one per 128-row block and column",
+            fail(op, name, f"shape {(blocks, d)}: one per 128-row block and {per}",
                  f"shape {tuple(t.shape)}")
         if t.stride(0) < 0 or (d > 1 and t.stride(1) != 1):
             fail(op, name, "unit stride along its last dimension and a non-negative row stride",

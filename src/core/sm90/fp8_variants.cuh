@@ -156,11 +156,8 @@ struct Fp8WholeOperandsMainloop : Base {
   // accumulator before k-block t is promoted (warpgroup_wait<1>): the promotion overlaps
   // the next block's WGMMAs. The smem stages are released as the collective does (each
   // after its promotion, the last by mma_tail).
-  // Scales: one per row of A (1 x 128 blocks, or 128 x 1 blocks of A^T), copied to registers
-  // when the k-block is issued; B's either one per tile (128 x 128 blocks), folded into
-  // those, or one per column (128 x 1 blocks, the weight gradients), read from the stage's
-  // smem as the k-block is promoted (in registers for both temporaries they would not fit
-  // beside the three accumulators); such a stage is released after its promotion.
+  // Scales: one per row of A (1 x 128 blocks, or 128 x 1 blocks of A^T) and one per tile of B
+  // (128 x 128 blocks), folded into the row scales when the k-block is issued.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tile_count,
                           int thread_idx, TensorStorage& storage, Params const&) {
@@ -169,10 +166,8 @@ struct Fp8WholeOperandsMainloop : Base {
     using SmemLayoutSFA = typename Base::SmemLayoutSFA;
     using SmemLayoutSFB = typename Base::SmemLayoutSFB;
     using Scale = typename Base::ElementBlockScale;
-    constexpr bool kScalePerColumn = Base::ScaleNsPerTile > 1;
-    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}) &&
-                      (Base::ScaleNsPerTile == 1 || Base::ScaleNsPerTile == size<1>(TileShape{})),
-                  "one scale per row of A, and one per tile or per column of B");
+    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}) && Base::ScaleNsPerTile == 1,
+                  "one scale per row of A and one per tile of B");
     static_assert(kGranularityK == size<2>(TileShape{}), "one scale block per k-tile: a promotion per k-tile");
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
@@ -207,16 +202,14 @@ struct Fp8WholeOperandsMainloop : Base {
     warpgroup_fence_operand(accum);
 
     PipelineState release = read;
-    // k-tile `read` into `tmp` (its row scales, times the tile's B scale if B has one, into `sfa`)
+    // k-tile `read` into `tmp` (its row scales times the tile's B scale into `sfa`)
     auto issue = [&](auto& tmp, auto& sfa) {
       pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
       const int stage = read.index();
       copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-      if constexpr (!kScalePerColumn) {
-        const Scale scale_b = tCsSFB(_0{}, _0{}, _0{}, make_coord(_0{}, stage));
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
-      }
+      const Scale scale_b = tCsSFB(_0{}, _0{}, _0{}, make_coord(_0{}, stage));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       warpgroup_fence_operand(tmp);
       warpgroup_arrive();
@@ -230,28 +223,18 @@ struct Fp8WholeOperandsMainloop : Base {
       ++read;
     };
     // the oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
-    // flight): promoted, and its stage released unless it is the last (mma_tail's)
+    // flight): its stage released unless it is the last (mma_tail's), then promoted
     auto retire = [&](auto& tmp, auto& sfa, auto pending, bool last) {
       warpgroup_wait<decltype(pending)::value>();
       warpgroup_fence_operand(tmp);
-      if (!kScalePerColumn && !last) {
+      if (!last) {
         pipeline.consumer_release(release);
         ++release;
       }
       warpgroup_fence_operand(accum);
-      if constexpr (kScalePerColumn) {
-        Tensor sfb = tCsSFB(_, _, _, make_coord(_0{}, release.index()));  // smem, one per column
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfb(i) * sfa(i);
-      } else {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
-      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
       warpgroup_fence_operand(accum);
-      if (kScalePerColumn && !last) {
-        pipeline.consumer_release(release);
-        ++release;
-      }
     };
     if (k_tile_count <= 0) return;  // an empty group's tile (ragged K): its zeros
     issue(tmp0, sfa0);
@@ -329,12 +312,16 @@ struct Fp8WholeOperandsMainloop : Base {
   }
 };
 
-// Ragged M: A by 1 x 128 blocks (one scale per row and k-block), B by 128 x 128. Ragged K:
-// both by 128 x 1 blocks of the routed rows (A^T one scale per row, B one per column).
+// A with one scale per row and k-block, B with one per 128 columns and k-block. Ragged M: A
+// (x) by 1 x 128 blocks, B (the weight) by 128 x 128. Ragged K (the weight gradients): A (the
+// activation, x or p h) by 128 x 1 blocks of the routed rows, B (the gradient, dpre or dy) by
+// 128 x 128 (a 128-row block of one expert and 128 columns): a per-column B scale would cost a
+// second FP32 operation per element in every promotion (1.4x slower at GPT-OSS-20B on an H100,
+// docs/perf-notes.md, session 17).
 template <bool kRaggedK>
 struct Fp8BlockScaledMainloopOf {
   using ElementAB = cutlass::float_e4m3_t;
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kRaggedK ? 1 : 128, 128>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
   template <class Built>
   using type = Fp8WholeOperandsMainloop<Built, kRaggedK>;
   template <class Args>
@@ -358,7 +345,8 @@ template <Act A> struct VariantTraits<KernelVariant::Fp8ActBwd, A>
     : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>,
              Fp8BlockScaledMainloopOf<false>> {};
 // A = x^T (k, 128 blocks) and B = dy^T (n, 128 blocks), both k-major (quantize_fp8_128x1's
-// q_t); every expert has the same output tiles: the weight gradients' dynamic tile schedule.
+// q_t, B's with tile_scales); every expert has the same output tiles: the weight gradients'
+// dynamic tile schedule.
 template <> struct VariantTraits<KernelVariant::Fp8RaggedK, Act::Unfused>
     : Traits<RowMajor, ColMajor, bf16, RaggedKEpilogue, Fp8BlockScaledMainloopOf<true>, true> {};
 
