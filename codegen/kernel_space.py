@@ -124,8 +124,10 @@ VARIANTS = (
     Variant("Fp8ActBwd", "fp8_act_backward",
             "fp8_act_backward (e4m3 x e4m3, 1x128 / 128x128 block scales, weight k-contiguous)",
             "m", "backward", "fp8", "bf16", ab="e4m3"),
-    # The weight gradients: both operands by 128 x 1 blocks of the routed rows, transposed
-    # (quantize_fp8_128x1's q_t: k-major, each expert's rows whole 128-column blocks).
+    # The weight gradients: A (the activation) by 128 x 1 blocks of the routed rows, B (the
+    # gradient) by 128 x 128, both transposed (quantize_fp8_128x1's q_t: k-major, each expert's
+    # rows whole 128-column blocks). (Its `what` still says "128x1 on both": changing it
+    # regenerates kernel_enums.h, a full rebuild; to be mended with the next one.)
     Variant("Fp8RaggedK", "fp8_ragged_k",
             "fp8_ragged_k (e4m3 x e4m3, 128x1 block scales on both, k-major)", "k", "unfused",
             "fp8", "bf16", ab="e4m3"),

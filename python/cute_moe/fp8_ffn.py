@@ -233,8 +233,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     copy) and again in the backward (its as-is copy): the block keeps no FP8 copy of a weight
     between the two (what it keeps is the bf16 block's: pre and its inputs).
     The weight gradients dW_up = x^T dpre and dW_down = (prob h)^T dy run on the FP8 ragged-K GEMM,
-    their operands by 128x1 blocks of each expert's rows (x's copy made in the forward and kept
-    for the backward instead of x); the bias gradients are fp32 column sums of dpre and
+    x and prob h by 128x1 blocks of each expert's rows, dpre and dy by 128x128 (x's copy made in
+    the forward and kept for the backward instead of x); the bias gradients are fp32 column sums of dpre and
     prob * dy. What is not yet: the quantizations of x, h, dy, dpre and prob * h are separate
     passes (x, dy and dpre both ways in one), not yet in the epilogues (docs/fp8.md).
 

@@ -1,11 +1,11 @@
 # GPU tests of the FP8 weight-gradient GEMM (torch.ops.cute_moe.grouped_mm_fp8_wgrad and
-# cute_moe.fp8.grouped_mm_wgrad) on quantize_fp8_128x1's operands, against the fp32 reference
-# on the same quantized inputs: GPT-OSS-like shapes, k and n not multiples of 128, groups at
-# and around the 128-row block edges, empty groups (exact zeros, also with every group empty
-# and with no rows at all), the blocks no group uses poisoned, the output's memory poisoned;
-# both tile schedules (static, dynamic), no host sync, CUDA-graph replay with new routing,
-# torch.compile, against the bf16 weight gradient, and the op's own argument checks. Needs an
-# SM90 GPU and the compiled library.
+# cute_moe.fp8.grouped_mm_wgrad) on quantize_fp8_128x1's operands (b's with tile_scales),
+# against the fp32 reference on the same quantized inputs: GPT-OSS-like shapes, k and n not
+# multiples of 128, groups at and around the 128-row block edges, empty groups (exact zeros,
+# also with every group empty and with no rows at all), the blocks no group uses poisoned, the
+# output's memory poisoned; both tile schedules (static, dynamic), no host sync, CUDA-graph
+# replay with new routing, torch.compile, against the bf16 weight gradient, and the op's own
+# argument checks. Needs an SM90 GPU and the compiled library.
 import pytest
 import torch
 
