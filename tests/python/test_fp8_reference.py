@@ -251,7 +251,8 @@ def test_quantize_128x1_tile_scales_one_per_128_columns():
     import cute_moe
     counts = [0, 130, 5, 0]
     offs = offsets_from_counts(counts)
-    x = (torch.randn(sum(counts) + 3, 272) * torch.linspace(0.1, 10, 272)).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(sum(counts) + 3, 272, generator=g) * torch.linspace(0.1, 10, 272)).to(torch.bfloat16)
     q_t, s = fp8.quantize_128x1_t(x, offs, tile_scales=True)
     assert tuple(s.shape) == (fp8._blocks(x.shape[0]) + 4, 3)
     deq = fp8.dequantize_128x1_t(q_t, s)
@@ -262,7 +263,8 @@ def test_quantize_128x1_tile_scales_one_per_128_columns():
                 tile = rows[:, 128 * j:128 * (j + 1)]
                 assert s[first + b, j] == tile.abs().max() / 448
                 got = deq[128 * j:128 * (j + 1), 128 * (first + b):128 * (first + b) + rows.shape[0]].T
-                assert bool(((got - tile).abs() <= s[first + b, j] * 16).all())  # e4m3: 3 bits
+                # half of e4m3's widest step (32 scale units, just below 448), and the fp32 roundings
+                assert bool(((got - tile).abs() <= s[first + b, j] * 16 * (1 + 2 ** -16)).all())
     got = cute_moe.fp8.quantize_128x1(x, offs, tile_scales=True)
     assert torch.equal(got[0].view(torch.uint8), q_t.view(torch.uint8)) and torch.equal(got[1], s)
     both = cute_moe.fp8.quantize_1x128_128x1(x, offs, tile_scales=True)
