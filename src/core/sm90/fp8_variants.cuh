@@ -12,9 +12,9 @@
 //   a group being a coordinate offset, instead of per-group descriptors rewritten whenever a
 //   CTA's next tile belongs to another group (as the bf16 kernels' FixedTmaMainloop does for
 //   2-byte operands, fixed_tma_mainloop.cuh; this is its ragged-M path for 1-byte ones).
-//   Ragged K (kRaggedK): A and B are the 128 x 1 quantizer's q_t copies, (k, 128 blocks) and
-//   (n, 128 blocks), each group a range of whole 128-column blocks (zero-filled past its last
-//   row), so a group is a k offset and needs no clipped ("ragged") loads;
+//   Ragged K (kRaggedK): A and B are quantize_fp8_128x1's q_t copies (k, 128 blocks) and
+//   (n, 128 blocks; B's with tile_scales), each group whole 128-column blocks (zero past its
+//   last row), so a group is a k offset and needs no clipped ("ragged") loads;
 // * the scale tensors with the caller's strides (BlockScaleStrides): the collective reads a
 //   group's scales as compact column-major blocks, which would need a per-group layout from
 //   the quantizers; the row-major outputs of quantize_fp8_1x128 / _128x128, and their
