@@ -37,9 +37,10 @@ _OP = "fp8.expert_ffn"
 _BF16_PATH = "cute_moe.expert_ffn"
 
 # The weight gradients on the FP8 ragged-K GEMM (True) or on the bf16 one over the bf16 operands
-# (False, the default: on an H100 the FP8 ones with their 128x1 passes made the block 8% slower
-# at GPT-OSS-20B and 18% at Qwen3-30B-A3B, and held 0.8 GiB more at GPT-OSS-20B; docs/perf-notes.md,
-# session 17). Each forward reads it; its backward follows what the forward read.
+# (False, the default: on an H100 the FP8 ones, 1.43x the bf16 GEMMs at GPT-OSS-20B, leave the
+# block level there once their quantization passes are paid (1.02x against 1.01x) for 0.8 GiB
+# more peak memory, and 12% slower at Qwen3-30B-A3B; docs/perf-notes.md, session 17). Each
+# forward reads it; its backward follows what the forward read.
 FP8_WEIGHT_GRADS = False
 
 
@@ -75,12 +76,6 @@ def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
     if both:
         return quantize_1x128_128x1(a, offs, tile_scales)
     return (*quantize_1x128(a), None, None)
-
-
-def _fp8_weight_grad(a_t, b_t, offs, w):
-    """dW = a^T b from the weight-gradient copies ((q_t, scale_t) each: a by 128 x 1 blocks, b
-    by 128 x 128), as w's (E, k, n) bf16."""
-    return grouped_mm_wgrad(*a_t, *b_t, offs).to(w.dtype)
 
 
 class _Fp8UpProj(torch.autograd.Function):
@@ -127,7 +122,7 @@ class _Fp8UpProj(torch.autograd.Function):
             del dq, d_scale
         else:
             dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
-        dw = _fp8_weight_grad((xq_t, x_scale_t), (dq_t, d_scale_t), offs, w_up)
+        dw = grouped_mm_wgrad(xq_t, x_scale_t, dq_t, d_scale_t, offs)  # (E, H, 2I) bf16, w_up's layout
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
         return dx, dw, None, db, None
 
@@ -178,7 +173,7 @@ class _Fp8DownProj(torch.autograd.Function):
                 dy_t = quantize_128x1(dy, offs, tile_scales=True)
         bias_dtype = ctx.bias_dtype if need_b and db is None else None
         if fp8_w:
-            dw = _fp8_weight_grad(quantize_128x1(hp, offs), dy_t, offs, w_down)
+            dw = grouped_mm_wgrad(*quantize_128x1(hp, offs), *dy_t, offs)  # (E, I, H), w_down's
             db_w = _column_sum(dy, offs, prob).to(bias_dtype) if bias_dtype is not None else None
         else:
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
