@@ -6,14 +6,17 @@
 #                 backward in their epilogues, the quantizations as separate passes (docs/fp8.md)
 #   fp8 bf16-wgrad  the same with its weight gradients in bf16 (fp8_ffn.FP8_WEIGHT_GRADS off)
 #   bf16          cute_moe.expert_ffn: the fused bf16 kernels
-#   torch fp8     forward only: torch._scaled_grouped_mm with rowwise scales (x and h quantized
-#                 per row, each weight per output column), the activation in PyTorch (torch
-#                 has no backward for it)
+#   torch fp8     torch._scaled_grouped_mm with rowwise scales for all six GEMMs, quantization,
+#                 bias gathers and activation unfused in PyTorch, its backward written as torchao's
+#                 FP8 MoE training does it (torch has none: bench/torch_fp8.py)
+#   torch fp8 compiled  the same with its quantizers through torch.compile (fused passes)
 # GPT-OSS-20B (swiglu_oai, biases) and Qwen3-30B-A3B (swiglu, no biases) dims, balanced
 # routing; TFLOP/s of the routed rows' GEMMs (backward: twice the forward's). Weight casts
 # are part of each FP8 side's call (they happen once per training step). "bwd" times the
 # backward alone (after an untimed forward); "fwd+bwd x bf16" compares the sums;
-# "peak GiB": the peak allocation of one forward + backward beyond what was held before it.
+# "peak GiB": the peak allocation of one forward + backward beyond what was held before it;
+# "err vs bf16": the output's relative error against the bf16 block, "grad err": the largest
+# of the input gradients' (x, weights, biases, prob).
 #
 #   python bench/bench_fp8_block.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 30] [--json out.json]
 #   python bench/bench_fp8_block.py --cpu-smoke     (tiny shapes on the CPU: the script's plumbing)
@@ -26,36 +29,11 @@ import torch
 
 from bench_fp8_gemm import SHAPES, balanced_sizes
 from common import fmt, print_columns, rel_error, run_meta, write_json
+from torch_fp8 import expert_block as torch_fp8_block
 from cute_moe.bench.runner import alternating_ms, backward_step, call_step
 
 BLOCKS = {"gpt-oss-20b": dict(activation="swiglu_oai", bias=True),
           "qwen3-30b-a3b": dict(activation="swiglu", bias=False)}
-
-
-def rowwise_fp8(t: torch.Tensor, dim: int):
-    """e4m3 of t with one fp32 scale per slice along `dim` (amax / 448)."""
-    s = (t.float().abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / 448.0)
-    return (t.float() / s).to(torch.float8_e4m3fn).contiguous(), s.squeeze(dim).contiguous()
-
-
-def torch_fp8_block(x, w_up, w_down, offs, b_up, b_down, prob, activation):
-    """Forward of the block on torch._scaled_grouped_mm (rowwise FP8), unfused."""
-    from cute_moe.activations import ACTIVATIONS
-    from cute_moe.reference.activation import act_ref
-    xq, xs = rowwise_fp8(x, 1)
-    wu_q, wu_s = rowwise_fp8(w_up.transpose(-2, -1), 2)   # (E, 2I, H) per output column
-    pre = torch._scaled_grouped_mm(xq, wu_q.transpose(-2, -1), xs, wu_s, offs=offs, out_dtype=torch.bfloat16)
-    if b_up is not None:
-        pre = pre + torch.repeat_interleave(b_up, torch.diff(offs, prepend=offs.new_zeros(1)), dim=0,
-                                            output_size=pre.shape[0])
-    h = act_ref(pre, activation, limit=ACTIVATIONS[activation].default_limit).to(torch.bfloat16)
-    hq, hs = rowwise_fp8(h, 1)
-    wd_q, wd_s = rowwise_fp8(w_down.transpose(-2, -1), 2)
-    y = torch._scaled_grouped_mm(hq, wd_q.transpose(-2, -1), hs, wd_s, offs=offs, out_dtype=torch.bfloat16)
-    if b_down is not None:
-        y = y + torch.repeat_interleave(b_down, torch.diff(offs, prepend=offs.new_zeros(1)), dim=0,
-                                        output_size=y.shape[0])
-    return y * prob[:, None].to(y.dtype)
 
 
 def make_block(key: str, m: int, sizes: list[int], device: str, seed: int, scale: float = 1.0):
@@ -101,46 +79,59 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     t, offs, hdim, inter, act = make_block(key, m, sizes, device, seed, scale)
     args = (t["x"], t["w_up"], t["w_down"], offs, t["b_up"], t["b_down"])
 
-    def ours_fp8():
-        return fp8.expert_ffn(*args, activation=act, prob=t["prob"])
-
-    def ours_fp8_bf16_wgrad():
+    def ours_fp8(weight_grads_fp8=True):
         from cute_moe import fp8_ffn
-        fp8_ffn.FP8_WEIGHT_GRADS = False
+        setting, fp8_ffn.FP8_WEIGHT_GRADS = fp8_ffn.FP8_WEIGHT_GRADS, weight_grads_fp8  # read by the forward
         try:
-            return ours_fp8()
+            return fp8.expert_ffn(*args, activation=act, prob=t["prob"])
         finally:
-            fp8_ffn.FP8_WEIGHT_GRADS = True
+            fp8_ffn.FP8_WEIGHT_GRADS = setting
 
     def ours_bf16():
         return cute_moe.expert_ffn(*args, activation=act, prob=t["prob"])
 
-    forward = {"fp8": ours_fp8, "fp8 bf16-wgrad": ours_fp8_bf16_wgrad, "bf16": ours_bf16}
+    forward = {"fp8": ours_fp8, "fp8 bf16-wgrad": lambda: ours_fp8(False), "bf16": ours_bf16}
     if device == "cuda":
         forward["torch fp8"] = lambda: torch_fp8_block(*args, t["prob"], act)
-    dy = torch.randn(m, hdim, device=device, dtype=torch.bfloat16)
+        compiled = lambda: torch_fp8_block(*args, t["prob"], act, compiled=True)  # noqa: E731
+        try:
+            torch.autograd.grad(compiled(), [t["x"]], torch.ones(m, hdim, device=device, dtype=torch.bfloat16))
+            forward["torch fp8 compiled"] = compiled
+        except Exception as e:  # no triton / inductor on this machine: the eager side stays
+            print(f"# {key}: torch fp8 compiled skipped: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
     with torch.no_grad():
         outs = {k: f() for k, f in forward.items()}
     errors = {k: rel_error(v, outs["bf16"]) for k, v in outs.items() if k != "bf16"}
     del outs
+    leaves = [v for v in t.values() if v is not None]
+    dy = torch.randn(m, hdim, device=device, dtype=torch.bfloat16)
+    grads = {k: torch.autograd.grad(f(), leaves, dy) for k, f in forward.items()}
+    names = [k for k, v in t.items() if v is not None]
+    grad_errors = {}
+    for k, g in grads.items():
+        if k != "bf16":
+            each = {n: rel_error(a, b) for n, a, b in zip(names, g, grads["bf16"])}
+            grad_errors[k] = max(each.values())
+            print(f"# {key} {k}: gradient errors vs bf16 " + " ".join(f"{n} {v:.1e}" for n, v in each.items()),
+                  file=sys.stderr)
+    del grads
     fwd = alternating_ms({k: call_step(lambda f=f: f().detach()) for k, f in forward.items()}, reps, warmup,
                          cuda=device == "cuda")
     # the gradients of every input, as a training step's backward makes them (torch.autograd.grad:
     # no accumulation into .grad from the previous timed call, which would add a pass per leaf)
-    leaves = [v for v in t.values() if v is not None]
-    bwd = alternating_ms({k: backward_step(forward[k], lambda y: torch.autograd.grad(y, leaves, dy))
-                          for k in ("fp8", "fp8 bf16-wgrad", "bf16")}, reps, warmup, cuda=device == "cuda")
-    peaks = ({k: peak_gib(forward[k], dy, t) for k in ("fp8", "fp8 bf16-wgrad", "bf16")}
-             if device == "cuda" else {})
+    bwd = alternating_ms({k: backward_step(f, lambda y: torch.autograd.grad(y, leaves, dy))
+                          for k, f in forward.items()}, reps, warmup, cuda=device == "cuda")
+    peaks = {k: peak_gib(f, dy, t) for k, f in forward.items()} if device == "cuda" else {}
     flops = 2.0 * sum(sizes) * hdim * inter * 3  # up (2I wide) + down
     rows = []
     for side in forward:
         f_ms = fwd[side][0]
-        b_ms = bwd[side][0] if side in bwd else None
+        b_ms = bwd[side][0]
         rows.append(dict(shape=key, side=side, m=m, hidden=hdim, inter=inter, experts=len(sizes),
                          fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9,
                          bwd_tflops=None if b_ms is None else 2 * flops / b_ms / 1e9,
-                         err_vs_bf16=errors.get(side), peak_gib=peaks.get(side)))
+                         err_vs_bf16=errors.get(side), grad_err_vs_bf16=grad_errors.get(side),
+                         peak_gib=peaks.get(side)))
     return rows
 
 
@@ -167,7 +158,7 @@ def main(argv=None) -> int:
     reps = 2 if args.cpu_smoke else args.reps
     print(f"expert block, balanced routing; {where}; median of {reps} calls per side, sides in turn")
     lines = [("shape", "side", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s", "fwd x bf16", "bwd x bf16",
-              "fwd+bwd x bf16", "peak GiB", "err vs bf16")]
+              "fwd+bwd x bf16", "peak GiB", "err vs bf16", "grad err")]
     for r in rows:
         ref = next(b for b in rows if b["shape"] == r["shape"] and b["side"] == "bf16")
         lines.append((r["shape"], r["side"], fmt(r["fwd_ms"], ".3f"), fmt(r["fwd_tflops"], ".0f"),
@@ -176,7 +167,8 @@ def main(argv=None) -> int:
                       fmt(None if r["bwd_ms"] is None else ref["bwd_ms"] / r["bwd_ms"], ".2f"),
                       fmt(None if r["bwd_ms"] is None else
                           (ref["fwd_ms"] + ref["bwd_ms"]) / (r["fwd_ms"] + r["bwd_ms"]), ".2f"),
-                      fmt(r["peak_gib"], ".2f"), fmt(r["err_vs_bf16"], ".1e")))
+                      fmt(r["peak_gib"], ".2f"), fmt(r["err_vs_bf16"], ".1e"),
+                      fmt(r["grad_err_vs_bf16"], ".1e")))
     print_columns(lines, left=2)
     if args.json:
         write_json(args.json, run_meta(reps=reps), rows)
