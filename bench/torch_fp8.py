@@ -47,6 +47,9 @@ def _quantizers(compiled: bool):
     if not compiled:
         return _EAGER
     if not _COMPILED:
+        # one graph per (call site, shape): 4 rowwise and 2 group_colwise shapes per block
+        # and benchmark shape, past dynamo's default limit of 8 recompilations
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _COMPILED.update({k: torch.compile(f, dynamic=False) for k, f in _EAGER.items()})
     return _COMPILED
 
