@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import _library
+from .activation_args import is_gated
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
 from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
@@ -158,7 +159,7 @@ def grouped_mm_act_bwd(dy: torch.Tensor, dy_scale: torch.Tensor, w: torch.Tensor
                        prob: torch.Tensor | None = None, out_bias: torch.Tensor | None = None,
                        dy_bf16: torch.Tensor | None = None, prob_grad: bool = False, *,
                        activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
-                       limit: float | None = None):
+                       limit: float | None = None, dpre_fp8: bool = False):
     """The FP8 down projection's input gradient with the activation's backward in the epilogue,
     one kernel (cute_moe.grouped_mm_act_bwd's contract with dy in FP8): with u = deq(dy) @
     deq(w)[e] in fp32 (w = W_down (E, I, H) quantized 128 x 128 and read as its k-contiguous
@@ -167,22 +168,31 @@ def grouped_mm_act_bwd(dy: torch.Tensor, dy_scale: torch.Tensor, w: torch.Tensor
     layout), hp = p * act(pre) (bf16, I wide; the down projection's weight-gradient operand),
     and with prob_grad dprob = sum_j act(pre) * u + dy_bf16 . out_bias[e] (float32; out_bias's
     term needs dy_bf16, the unquantized dy). Returns (dpre, hp, dprob), dprob empty without
-    prob_grad; padding rows zero."""
+    prob_grad; padding rows zero. With dpre_fp8 (gated activations) the epilogue also writes
+    dpre's 1 x 128 copy,
+    the up projection's input-gradient operand, bit for bit quantize_1x128(dpre) on the
+    groups' rows (past offs[-1] unwritten): returns (dpre, hp, dprob, dpre_q, dpre_scale)."""
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
     check_offs_values("grouped_mm_fp8_act_bwd", offs, dy.shape[0], "dy")
+    if dpre_fp8 and not is_gated(activation):
+        raise ValueError(f"cute_moe.grouped_mm_fp8_act_bwd: dpre_fp8: expected a gated activation "
+                         f"(swiglu_oai, swiglu, geglu), got {activation!r}")
     return grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
-                                        dy_bf16, prob_grad, activation, alpha, limit)
+                                        dy_bf16, prob_grad, activation, alpha, limit, dpre_fp8)
 
 
 def grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
-                                 prob_grad, activation, alpha, limit):
+                                 prob_grad, activation, alpha, limit, dpre_fp8=False):
     if _op(dy):
-        return torch.ops.cute_moe.grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob,
-                                                         out_bias, dy_bf16, prob_grad, activation,
-                                                         alpha, limit)
-    return reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
-                                            dy_bf16, prob_grad, activation, alpha, limit)
+        out = torch.ops.cute_moe.grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob,
+                                                        out_bias, dy_bf16, prob_grad, activation,
+                                                        alpha, limit, dpre_fp8)
+    else:
+        out = reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
+                                               dy_bf16, prob_grad, activation, alpha, limit,
+                                               dpre_fp8)
+    return out if dpre_fp8 else out[:3]
 
 
 # last: fp8_ffn builds on the functions above

@@ -7,14 +7,16 @@ training path so far; docs/fp8.md)."""
 # the backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per
 # GPT-OSS-20B layer than the bf16 block keeps; recast, they cost one more read of the bf16
 # weights, ~0.5 ms a GPT-OSS-20B layer on an H100); activations and gradients are quantized
-# right before the GEMM that reads them: 1x128 for the ragged-M GEMMs; for the FP8 weight
+# right before the GEMM that reads them (dpre's 1x128 copy can come from the down projection's
+# fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs; for the FP8 weight
 # gradients (FP8_WEIGHT_GRADS) by blocks of each expert's rows, 128x1 for the activation operand
-# (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and dpre feed both kinds of GEMM: one
-# pass writes both copies, and the up projection keeps x's 128x1 copy for its weight gradient
-# instead of the bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel, the
-# down projection's input gradient writes dpre, prob * h and dprob from another (the bf16
-# kernels' epilogues on the FP8 mainloop); the bias gradients are fp32 column sums of the bf16
-# dpre and dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
+# (x, p h) and 128x128 for the gradient (dy, dpre) (x and dy feed both kinds of GEMM: one pass
+# writes both copies; the up projection keeps x's 128x1 copy for its weight gradient instead of
+# the bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel;
+# the down projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and
+# dprob from another (the bf16 kernels' epilogues on the FP8 mainloop, and a quantizing node); the bias
+# gradients are fp32 column sums of the bf16 dpre and dy. On the CPU (or without the op library)
+# cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
@@ -42,6 +44,12 @@ _BF16_PATH = "cute_moe.expert_ffn"
 # more peak memory, and 12% slower at Qwen3-30B-A3B; docs/perf-notes.md, session 17). Each
 # forward reads it; its backward follows what the forward read.
 FP8_WEIGHT_GRADS = False
+
+# dpre's 1x128 copy from the down projection's fused backward (True; gated activations) or from a
+# quantization pass of its own in the up projection's backward (False, the default: on an H100
+# the copy's direct stores from the epilogue add 1.0 ms to that kernel at GPT-OSS-20B, the pass
+# costs 0.6; docs/perf-notes.md, session 18). Same bits either way.
+FUSED_DPRE_COPY = False
 
 
 def _operand(q: torch.Tensor, scale: torch.Tensor):
@@ -78,6 +86,27 @@ def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
     return (*quantize_1x128(a), None, None)
 
 
+class _DpreCopy:
+    """dpre's 1x128 copy, handed from _Fp8DownProj's backward (whose fused kernel writes it
+    beside dpre) to _Fp8UpProj's (whose input gradient reads it). Keyed by the dpre tensor
+    itself: the up projection takes it only when the gradient it receives is that tensor, and
+    quantizes dpre again otherwise (the same bits: the epilogue's copy is quantize_1x128's)."""
+
+    __slots__ = ("wanted", "dpre", "q", "scale")
+
+    def __init__(self):
+        self.wanted = False  # set by the up projection's forward: whether it will compute dx
+        self.dpre = self.q = self.scale = None
+
+    def put(self, dpre, q, scale):
+        self.dpre, self.q, self.scale = dpre, q, scale
+
+    def take(self, dpre):
+        copy = (self.q, self.scale) if self.dpre is not None and dpre is self.dpre else None
+        self.dpre = self.q = self.scale = None
+        return copy
+
+
 class _Fp8UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up, act) -> (h, pre) = (act(pre), x W_up + b_up), one FP8 kernel ("none":
     a plain FP8 GEMM, h an empty placeholder: the caller uses pre). h only feeds _Fp8DownProj,
@@ -86,7 +115,7 @@ class _Fp8UpProj(torch.autograd.Function):
     copy again in the backward."""
 
     @staticmethod
-    def forward(ctx, x, w_up, offs, b_up, act):
+    def forward(ctx, x, w_up, offs, b_up, act, link):
         up = _transposed(w_up)
         need_w = ctx.needs_input_grad[1]
         fp8_w = need_w and FP8_WEIGHT_GRADS
@@ -101,6 +130,9 @@ class _Fp8UpProj(torch.autograd.Function):
         ctx.mark_non_differentiable(h)
         ctx.set_materialize_grads(False)
         ctx.bias_dtype = b_up.dtype if b_up is not None else None
+        ctx.link = link
+        if link is not None:
+            link.wanted = ctx.needs_input_grad[0]
         ctx.save_for_backward(x if need_w and not fp8_w else None, xq_t, x_scale_t, w_up, offs)
         return h, pre
 
@@ -109,22 +141,29 @@ class _Fp8UpProj(torch.autograd.Function):
         x, xq_t, x_scale_t, w_up, offs = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
         if dpre is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         dpre = dpre.contiguous()
+        copy = ctx.link.take(dpre) if ctx.link is not None else None  # dpre's 1x128, if fused
         if xq_t is None:  # the bf16 weight gradient (or none)
-            dx = _fp8_mm(dpre, _as_is(w_up), offs) if need_x else None
+            dx = None
+            if need_x:
+                dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
+                dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
+                del dq, d_scale, copy
             dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
-            return dx, dw, None, db, None
+            return dx, dw, None, db, None, None
         dx = None
-        if need_x:
+        if need_x and copy is None:
             dq, d_scale, dq_t, d_scale_t = _quantized(dpre, offs, True, True)
-            dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
-            del dq, d_scale
         else:
+            dq, d_scale = copy if copy is not None else (None, None)
             dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
+        if need_x:
+            dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
+        del dq, d_scale, copy
         dw = grouped_mm_wgrad(xq_t, x_scale_t, dq_t, d_scale_t, offs)  # (E, H, 2I) bf16, w_up's layout
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
-        return dx, dw, None, db, None
+        return dx, dw, None, db, None, None
 
 
 class _Fp8DownProj(torch.autograd.Function):
@@ -135,10 +174,11 @@ class _Fp8DownProj(torch.autograd.Function):
     _Fp8UpProj's allocates dW_up (as the bf16 block does)."""
 
     @staticmethod
-    def forward(ctx, h, w_down, offs, b_down, pre, prob, act):
+    def forward(ctx, h, w_down, offs, b_down, pre, prob, act, link):
         y = _fp8_mm(h, _transposed(w_down), offs, b_down, prob)
         _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
         ctx.act = act
+        ctx.link = link
         ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
         ctx.bias_dtype = b_down.dtype if b_down is not None else None
         ctx.save_for_backward(pre if (need_w or need_pre or need_prob) else None, w_down, offs,
@@ -160,10 +200,14 @@ class _Fp8DownProj(torch.autograd.Function):
         dy_t = None  # dy's 128x1 copy, for the FP8 weight gradient
         if need_pre or need_prob:
             dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
-            dpre, hp, dprob = grouped_mm_act_bwd_unchecked(
+            # dpre's 1x128 for the up projection's dx, from this kernel's epilogue
+            fused_copy = ctx.link is not None and ctx.link.wanted and need_pre and is_gated(act.name)
+            dpre, hp, dprob, *copy = grouped_mm_act_bwd_unchecked(
                 dyq, dy_scale, *_as_is(w_down), offs, pre, prob, None, None, need_prob, act.name,
-                act.alpha, act.limit)
-            del dyq, dy_scale
+                act.alpha, act.limit, fused_copy)
+            if fused_copy:
+                ctx.link.put(dpre, *copy)
+            del dyq, dy_scale, copy
             if bias_dot is not None:
                 dprob = dprob + bias_dot
         elif need_w:
@@ -179,7 +223,7 @@ class _Fp8DownProj(torch.autograd.Function):
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
-                None)
+                None, None)
 
 
 def _unsupported(what: str, hint: str = "") -> None:
@@ -230,8 +274,9 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     The weight gradients dW_up = x^T dpre and dW_down = (prob h)^T dy run on the FP8 ragged-K GEMM,
     x and prob h by 128x1 blocks of each expert's rows, dpre and dy by 128x128 (x's copy made in
     the forward and kept for the backward instead of x); the bias gradients are fp32 column sums of dpre and
-    prob * dy. What is not yet: the quantizations of x, h, dy, dpre and prob * h are separate
-    passes (x, dy and dpre both ways in one), not yet in the epilogues (docs/fp8.md).
+    prob * dy. The quantizations of x, h, dy, dpre and prob * h are separate passes (x and dy
+    both ways in one); dpre's 1x128 copy can come from the fused backward's epilogue instead
+    (fp8_ffn.FUSED_DPRE_COPY, off: slower today; docs/fp8.md).
 
     Accuracy: each GEMM is the fp32 math of its quantized operands, rounded once to bf16
     (docs/fp8.md's contract: the tensor cores' k-block accumulation is a little short of
@@ -280,6 +325,9 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     b_down = b_down.contiguous() if b_down is not None else None
     prob = prob.contiguous() if prob is not None else None
     act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit))
-    h, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act)
+    # dpre's 1x128 copy from the fused backward's epilogue, handed over in eager mode (traced by
+    # torch.compile, the up projection quantizes dpre itself: the same bits)
+    link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
+    h, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link)
     return _Fp8DownProj.apply(pre if act.name == "none" else h, w_down, offs, b_down, pre, prob,
-                              act)
+                              act, link)

@@ -138,6 +138,7 @@ GemmProblem lower(const Fp8ActBackwardArgs& a) {
   GemmProblem p = lower(a.gemm);
   p.variant = KernelVariant::Fp8ActBwd;
   add_act_backward(p, a.act, a.pre, a.ldpre, a.dpre, a.lddpre, a.row_scale_grad != nullptr);
+  p.d_fp8 = {a.dpre_q, a.ld_dpre_q, a.dpre_scale, a.ld_dpre_scale};
   return p;
 }
 

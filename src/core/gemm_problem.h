@@ -17,6 +17,7 @@
 #include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
 #include "heuristics.h"  // GroupedProblem
+#include "kernel_registry.h"  // Fp8RowsOutput
 #include "kernel_types.h"
 
 namespace cute_moe::detail {
@@ -71,6 +72,7 @@ struct GemmProblem {
   int64_t aux_cols = 0;
   Operand aux2;                          // third output, aux_cols wide (act backward with dpre
                                          //   in halves: D is dgate, aux2 dlinear)
+  Fp8RowsOutput d_fp8;                   // FP8 act backward: D's 1 x 128 e4m3 copy, or none
   const void* bias = nullptr;  // bf16 row added per group: bias + g * bias_group_stride
   int64_t bias_group_stride = 0;
   const float* group_scale = nullptr;  // one per group (null: 1)

@@ -245,6 +245,7 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   }
   ctx.aux = {const_cast<void*>(p.aux.ptr), p.aux.ld, p.aux_cols};
   ctx.aux2 = {const_cast<void*>(p.aux2.ptr), p.aux2.ld, p.aux_cols};
+  ctx.d_fp8 = p.d_fp8;
   ctx.whole.offs = p.offs;  // the epilogues' TMA-stored outputs need it too
   if (p.gather_rows == nullptr) {  // every TMA-loaded variant reads its operands whole
     detail::WholeOperands& w = ctx.whole;

@@ -97,6 +97,15 @@ struct OutputMatrix {
   int32_t batches = 0;       // ragged K: the groups
 };
 
+// An e4m3 copy of an output by 1 x 128 blocks along its rows, with one fp32 scale per block,
+// written by the epilogue that computes the output (sm90/fp8_rows_epilogue.cuh).
+struct Fp8RowsOutput {
+  void* q = nullptr;        // null: absent; e4m3, the output's rows and columns
+  int64_t ld_q = 0;         // bytes between rows
+  float* scale = nullptr;   // (rows, ceil(columns / 128))
+  int64_t ld_scale = 0;     // floats between rows
+};
+
 struct LaunchContext {
   int device = 0;
   int sm_count = 0;
@@ -112,6 +121,7 @@ struct LaunchContext {
   OutputMatrix d;               // the GEMM's output (D; act forward: pre)
   OutputMatrix aux;             // act forward: h; act backward: p * h
   OutputMatrix aux2;            // act backward, dpre in halves: the dlinear half
+  Fp8RowsOutput d_fp8;          // FP8 act backward: dpre's 1 x 128 copy (the up dgrad's operand)
   BlockScaleStrides scales;     // FP8 variants only
 };
 

@@ -267,6 +267,19 @@ Result validate(const Fp8ActBackwardArgs& a) {
   if (a.out_bias != nullptr) {  // its term of the row-scale gradient reads the bf16 dy
     c.pointer("dy", a.dy, a.gemm.m > 0).leading_dim("lddy", a.lddy, a.gemm.k, "k");
   }
+  if (a.dpre_q != nullptr || a.dpre_scale != nullptr) {  // dpre's 1 x 128 e4m3 copy
+    const int64_t width = is_gated(a.act.activation) ? 2 * a.gemm.n : a.gemm.n;
+    const int64_t blocks = (width + 127) / 128;
+    c.require(a.dpre_q != nullptr && a.dpre_scale != nullptr, "dpre_q and dpre_scale come together (dpre's e4m3 "
+              "copy and its 1 x 128 block scales)");
+    c.require(is_gated(a.act.activation), "dpre_q is written for the gated activations only (swiglu_oai, swiglu, "
+              "geglu); quantize dpre with quantize_fp8_1x128 for ", activation_name(a.act.activation));
+    c.pointer("dpre_q", a.dpre_q).scalars("dpre_scale", a.dpre_scale);
+    c.require(a.ld_dpre_q >= width && a.ld_dpre_q % 16 == 0, "ld_dpre_q must be a multiple of 16 bytes and >= dpre's "
+              "width=", width, ", got ld_dpre_q=", a.ld_dpre_q);
+    c.require(a.ld_dpre_scale >= blocks, "ld_dpre_scale must be >= ceil(width / 128)=", blocks, ", got ld_dpre_scale=",
+              a.ld_dpre_scale);
+  }
   return c.result();
 }
 

@@ -216,15 +216,16 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_act_cuda(const at::Tensor& x, 
   return {h, pre};
 }
 
-// (dpre, prob * h, dprob): dy (m, H) e4m3 by 1 x 128 blocks, w = W_down as the k-contiguous
-// (E, H, I) view of the (E, I, H) weight quantized 128 x 128; pre (m, 2I or I) bf16. dy_bf16
-// (the unquantized dy) is read for out_bias's term of dprob only. dprob is empty unless
-// prob_grad.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
+// (dpre, prob * h, dprob, dpre_q, dpre_scale): dy (m, H) e4m3 by 1 x 128 blocks, w = W_down as the
+// k-contiguous (E, H, I) view of the (E, I, H) weight quantized 128 x 128; pre (m, 2I or I) bf16.
+// dy_bf16 (the unquantized dy) is read for out_bias's term of dprob only. dprob is empty unless
+// prob_grad; dpre_q (m, width) e4m3 and dpre_scale (m, ceil(width / 128)) fp32, dpre's 1 x 128
+// copy from the same epilogue, are empty unless dpre_fp8 (their rows past offs[-1] unwritten).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
     const at::Tensor& dy, const at::Tensor& dy_scale, const at::Tensor& w, const at::Tensor& w_scale,
     const at::Tensor& offs, const at::Tensor& pre, const std::optional<at::Tensor>& prob,
     const std::optional<at::Tensor>& out_bias, const std::optional<at::Tensor>& dy_bf16, bool prob_grad,
-    const std::string& activation, double alpha, std::optional<double> limit) {
+    const std::string& activation, double alpha, std::optional<double> limit, bool dpre_fp8) {
   const ActivationOptions opts = activation_options(activation, alpha, limit);
   check_cuda_tensor(dy, "dy", at::kFloat8_e4m3fn, 2, dy);
   check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, dy);
@@ -253,9 +254,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_bwd_cuda(
     a.lddy = row_stride(*dy_bf16);
   }
   a.act = opts;
-  if (m == 0) return {dpre, h, dprob};
+  TORCH_CHECK(!dpre_fp8 || is_gated(opts.activation), "cute_moe: dpre_fp8 (dpre's e4m3 copy from the epilogue) "
+              "is for the gated activations (swiglu_oai, swiglu, geglu), got ", activation);
+  const int64_t q_rows = dpre_fp8 ? m : 0;
+  const int64_t ld_q = (pre_cols + 15) / 16 * 16;  // 16-byte rows: the next GEMM's TMA loads
+  at::Tensor dpre_q = at::empty({q_rows, ld_q}, pre.options().dtype(at::kFloat8_e4m3fn))
+                          .narrow(1, 0, dpre_fp8 ? pre_cols : 0);
+  at::Tensor dpre_scale = at::empty({q_rows, (pre_cols + 127) / 128}, pre.options().dtype(at::kFloat));
+  if (dpre_fp8 && m > 0) {
+    a.dpre_q = dpre_q.data_ptr();
+    a.ld_dpre_q = ld_q;
+    a.dpre_scale = dpre_scale.data_ptr<float>();
+    a.ld_dpre_scale = dpre_scale.stride(0);
+  }
+  if (m == 0) return {dpre, h, dprob, dpre_q, dpre_scale};
   enqueue_planned(fp8_act_backward, a, dy);
-  return {dpre, h, dprob};
+  return {dpre, h, dprob, dpre_q, dpre_scale};
 }
 
 // dw (E, k, n) bf16 = the weight gradient from quantize_fp8_128x1's operands: a_t (k, 128 blocks)
@@ -322,7 +336,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
             .c_str());
   m.def(("grouped_mm_fp8_act_bwd(Tensor dy, Tensor dy_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor pre, "
          "Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, bool prob_grad=False, " +
-         kFp8ActDefaults + ") -> (Tensor, Tensor, Tensor)")
+         kFp8ActDefaults + ", bool dpre_fp8=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
             .c_str());
   m.def("grouped_mm_fp8_wgrad(Tensor a_t, Tensor a_scale, Tensor b_t, Tensor b_scale, Tensor offs) -> Tensor");
 }

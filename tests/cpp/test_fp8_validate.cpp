@@ -189,6 +189,10 @@ TEST(Fp8ActValidate, ValidArgumentsPass) {
   cute_moe::Fp8ActBackwardArgs b = valid_act_backward();
   b.out_bias = nullptr; b.dy = nullptr;  // dy is read for out_bias's term only
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b = valid_act_backward();  // with dpre's 1 x 128 e4m3 copy: 45 blocks of the 5760 columns
+  b.dpre_q = fake(0xe0000); b.ld_dpre_q = 5760;
+  b.dpre_scale = fake<float>(0xf0000); b.ld_dpre_scale = 45;
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
 }
 
 TEST(Fp8ActValidate, RejectsBadArguments) {
@@ -217,6 +221,18 @@ TEST(Fp8ActValidate, RejectsBadArguments) {
   b = valid_act_backward();
   b.gemm.row_scale = nullptr;
   expect_rejected(b, "row_scale_grad needs row_scale");
+  b = valid_act_backward();
+  b.dpre_q = fake(0xe0000); b.ld_dpre_q = 5760;
+  expect_rejected(b, "dpre_q and dpre_scale come together");
+  b.dpre_scale = fake<float>(0xf0000); b.ld_dpre_scale = 44;
+  expect_rejected(b, "ld_dpre_scale must be >= ceil(width / 128)=45, got ld_dpre_scale=44");
+  b.ld_dpre_scale = 45; b.ld_dpre_q = 5768;
+  expect_rejected(b, "ld_dpre_q must be a multiple of 16 bytes and >= dpre's width=5760, got ld_dpre_q=5768");
+  b.ld_dpre_q = 5760; b.dpre_q = fake(0xe0008);
+  expect_rejected(b, "dpre_q must be 16-byte aligned");
+  b.dpre_q = fake(0xe0000); b.act.activation = cute_moe::Activation::kSrelu; b.act.has_limit = false;
+  b.ldpre = b.lddpre = 2880; b.ld_dpre_q = 2880; b.ld_dpre_scale = 23;
+  expect_rejected(b, "dpre_q is written for the gated activations only");
 }
 
 // GPT-OSS-20B's up-projection weight gradient: x (4096, 2880) by 128 x 1 blocks and dpre (4096,

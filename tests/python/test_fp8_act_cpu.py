@@ -59,6 +59,32 @@ def test_forward_is_its_definition(act):
     assert torch.equal(h, ref.act_ref(pre, act, ALPHA, limit).to(BF16))  # from the rounded pre
 
 
+@pytest.mark.parametrize("act", ["swiglu_oai", "swiglu"])
+def test_backward_dpre_fp8_is_dpre_quantized(act):
+    """dpre_fp8: the same three outputs, and dpre's 1 x 128 copy (quantize_1x128 of that dpre);
+    the op (its CPU kernel) without it returns empty fourth and fifth outputs."""
+    dyq, dys, w, ws, offs, pre, prob, out_bias, dy = _backward_args(act, seed=5)
+    limit = ref.default_limit(act)
+    three = fp8.grouped_mm_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True,
+                                   activation=act, limit=limit)
+    five = fp8.grouped_mm_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True,
+                                  activation=act, limit=limit, dpre_fp8=True)
+    assert len(three) == 3 and len(five) == 5
+    for a, b in zip(three, five):
+        assert torch.equal(a, b)
+    q, scale = ref_fp8.quantize_1x128(five[0])
+    assert torch.equal(five[3].view(torch.uint8), q.view(torch.uint8)) and torch.equal(five[4], scale)
+    from cute_moe.ops.fp8 import reference_grouped_mm_fp8_act_bwd  # the op's CPU kernel
+    out = reference_grouped_mm_fp8_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True, act,
+                                           ALPHA, limit)
+    assert len(out) == 5 and out[3].numel() == 0 and out[4].numel() == 0
+    if act == "swiglu":  # the copy is for the gated activations
+        dyq, dys, w, ws, offs, pre, prob, out_bias, dy = _backward_args("srelu", seed=5)
+        with pytest.raises(ValueError, match="dpre_fp8: expected a gated activation"):
+            fp8.grouped_mm_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True, activation="srelu",
+                                   dpre_fp8=True)
+
+
 @pytest.mark.parametrize("act", ["swiglu_oai", "srelu", "none"])
 def test_backward_is_its_definition(act):
     dyq, dys, w, ws, offs, pre, prob, out_bias, dy = _backward_args(act, seed=2)
@@ -120,8 +146,8 @@ def test_op_schemas_cpu_and_fake_kernels():
     assert str(ops.grouped_mm_fp8_act_bwd.default._schema) == (
         'cute_moe::grouped_mm_fp8_act_bwd(Tensor dy, Tensor dy_scale, Tensor w, Tensor w_scale, '
         'Tensor offs, Tensor pre, Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, '
-        'bool prob_grad=False, str activation="swiglu_oai", float alpha=1.702, float? limit=None) '
-        '-> (Tensor, Tensor, Tensor)')
+        'bool prob_grad=False, str activation="swiglu_oai", float alpha=1.702, float? limit=None, '
+        'bool dpre_fp8=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)')
     fwd, bwd = _forward_args("swiglu_oai", seed=3), _backward_args("swiglu_oai", seed=4)
     got = ops.grouped_mm_fp8_act(*fwd, "swiglu_oai", ALPHA, 7.0)
     want = fp8.grouped_mm_act(*fwd, activation="swiglu_oai", limit=7.0)
@@ -134,9 +160,13 @@ def test_op_schemas_cpu_and_fake_kernels():
         fake = [mode.from_tensor(t) for t in fwd]
         h, pre = ops.grouped_mm_fp8_act(*fake, "swiglu_oai", ALPHA, 7.0)
         fake_b = [mode.from_tensor(t) for t in bwd]
-        dpre, hp, dprob = ops.grouped_mm_fp8_act_bwd(*fake_b, True, "swiglu_oai", ALPHA, 7.0)
+        dpre, hp, dprob, no_q, no_scale = ops.grouped_mm_fp8_act_bwd(*fake_b, True, "swiglu_oai", ALPHA, 7.0)
+        *_, dpre_q, dpre_scale = ops.grouped_mm_fp8_act_bwd(*fake_b, True, "swiglu_oai", ALPHA, 7.0, True)
         with pytest.raises(ValueError, match=r"pre: expected shape"):
             ops.grouped_mm_fp8_act_bwd(*fake_b[:5], fake_b[5][:, :8], *fake_b[6:], True)
     m = sum(COUNTS) + PAD
     assert (tuple(h.shape), tuple(pre.shape), h.dtype) == ((m, I), (m, 2 * I), BF16)
     assert (tuple(dpre.shape), tuple(hp.shape), tuple(dprob.shape)) == ((m, 2 * I), (m, I), (m,))
+    assert no_q.numel() == 0 and no_scale.numel() == 0
+    assert (tuple(dpre_q.shape), dpre_q.dtype) == ((m, 2 * I), torch.float8_e4m3fn)
+    assert (tuple(dpre_scale.shape), dpre_scale.dtype) == ((m, (2 * I + 127) // 128), torch.float32)

@@ -107,13 +107,45 @@ def test_backward_matches_reference(case, act):
         assert bool((a[used:] == 0).all()), f"{case} {act} {name}: padding rows not zero"
         testing.assert_rel_close(a, b, f"{case} {act} {name}", tol=TOL)
     # without prob and dprob: the plain input gradient through act'
-    dpre, hp, dprob = torch.ops.cute_moe.grouped_mm_fp8_act_bwd(dyq, dys, w, ws, offs, pre, None, None,
-                                                                None, False, act, ALPHA, limit)
-    assert dprob.numel() == 0
+    dpre, hp, dprob, dpre_q, dpre_scale = torch.ops.cute_moe.grouped_mm_fp8_act_bwd(
+        dyq, dys, w, ws, offs, pre, None, None, None, False, act, ALPHA, limit)
+    assert dprob.numel() == 0 and dpre_q.numel() == 0 and dpre_scale.numel() == 0
     want = reference_grouped_mm_fp8_act_bwd(dyq, dys, w, ws, offs, pre0, None, None, None, False, act,
                                             ALPHA, limit)
     testing.assert_rel_close(dpre, want[0], f"{case} {act} dpre, no prob", tol=TOL)
     testing.assert_rel_close(hp, want[1], f"{case} {act} h, no prob", tol=TOL)
+
+
+@pytest.mark.parametrize("act", ["swiglu_oai", "swiglu", "geglu"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_dpre_fp8_is_quantize_1x128_of_dpre(case, act):
+    """dpre's 1 x 128 copy from the fused backward's epilogue: bit for bit quantize_1x128 of the
+    kernel's own bf16 dpre on the groups' rows (rows past offs[-1] are not written), and the
+    other outputs the bits of the call without it."""
+    (dyq, dys, w, ws, offs, pre, prob, out_bias, dy), used = _backward_problem(
+        case, act, seed=3 * len(case) + len(act))
+    limit = _limit(act)
+    call = lambda fp8_copy: torch.ops.cute_moe.grouped_mm_fp8_act_bwd(  # noqa: E731
+        dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True, act, ALPHA, limit, fp8_copy)
+    without = call(False)
+    dpre, hp, dprob, dpre_q, dpre_scale = call(True)
+    for name, a, b in zip(("dpre", "hp", "dprob"), (dpre, hp, dprob), without):
+        assert torch.equal(a, b), f"{case} {act} {name} changed by the copy"
+    width = pre.shape[1]
+    assert dpre_q.dtype == torch.float8_e4m3fn and tuple(dpre_q.shape) == (pre.shape[0], width)
+    assert tuple(dpre_scale.shape) == (pre.shape[0], (width + 127) // 128)
+    want_q, want_scale = fp8.quantize_1x128(dpre)
+    assert torch.equal(dpre_q[:used].view(torch.uint8), want_q[:used].view(torch.uint8)), f"{case} {act} q"
+    assert torch.equal(dpre_scale[:used], want_scale[:used]), f"{case} {act} scales"
+    # the public function: the same five, after its checks
+    got = fp8.grouped_mm_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True, activation=act,
+                                 limit=limit, dpre_fp8=True)
+    assert len(got) == 5 and torch.equal(got[3][:used].view(torch.uint8), want_q[:used].view(torch.uint8))
+    if case == "small":  # the non-gated activations: a clear error
+        (dyq, dys, w, ws, offs, pre, prob, out_bias, dy), _ = _backward_problem(case, "srelu", seed=1)
+        with pytest.raises(RuntimeError, match="dpre_fp8 .* is for the gated activations"):
+            torch.ops.cute_moe.grouped_mm_fp8_act_bwd(dyq, dys, w, ws, offs, pre, prob, out_bias, dy, True,
+                                                      "srelu", ALPHA, None, True)
 
 
 def test_public_functions_no_host_sync_and_deterministic():

@@ -173,6 +173,47 @@ def test_any_subset_of_gradients(activation):
         assert torch.equal(g, full[name]), name
 
 
+@pytest.mark.parametrize("wgrad", [False, True], ids=["", "fp8_wgrad"])
+def test_up_projection_takes_dpre_copy_from_fused_backward(monkeypatch, wgrad):
+    """In eager mode the up projection's input gradient reads dpre's 1x128 copy that the down
+    projection's fused backward wrote (one quantization pass fewer than with FUSED_DPRE_COPY
+    off), with the same bits; without dx to compute, no copy is asked for."""
+    from cute_moe import fp8_ffn
+    leaves, offs = make_leaves([11, 0, 7], 144, 80, "swiglu_oai", bias=True, prob=True, pad=2, seed=8)
+    dy = _dy(leaves)
+    calls = {"quantize": 0, "copies": 0}
+    quantize, act_bwd = fp8_ffn.quantize_1x128, fp8_ffn.grouped_mm_act_bwd_unchecked
+
+    def counting_quantize(a):
+        calls["quantize"] += 1
+        return quantize(a)
+
+    def counting_act_bwd(*args):
+        calls["copies"] += bool(args[-1])
+        return act_bwd(*args)
+
+    monkeypatch.setattr(fp8_ffn, "quantize_1x128", counting_quantize)
+    monkeypatch.setattr(fp8_ffn, "grouped_mm_act_bwd_unchecked", counting_act_bwd)
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", wgrad)
+    seen = {}
+    for fused in (True, False):
+        monkeypatch.setattr(fp8_ffn, "FUSED_DPRE_COPY", fused)
+        calls.update(quantize=0, copies=0)
+        seen[fused] = (fp8_grads(leaves, offs, "swiglu_oai", dy), dict(calls))
+    (out, grads), fused_calls = seen[True]
+    (out2, grads2), pass_calls = seen[False]
+    assert torch.equal(out, out2) and all(torch.equal(grads[k], grads2[k]) for k in grads)
+    assert fused_calls["copies"] == 1 and pass_calls["copies"] == 0
+    if not wgrad:  # with FP8 weight gradients dpre's pass is both-ways (another function)
+        assert fused_calls["quantize"] == pass_calls["quantize"] - 1, (fused_calls, pass_calls)
+    # x without a gradient: no dx, no copy asked for
+    calls.update(quantize=0, copies=0)
+    monkeypatch.setattr(fp8_ffn, "FUSED_DPRE_COPY", True)
+    no_x = {k: v.detach().requires_grad_(k != "x") for k, v in leaves.items()}
+    torch.autograd.grad(run_fp8(no_x, offs, "swiglu_oai"), [no_x["w_up"]], dy)
+    assert calls["copies"] == 0
+
+
 def test_prob_dtype_and_default_limit():
     leaves, offs = _block()
     x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))

@@ -130,11 +130,15 @@ def _run(call, act, g, offs, limit):
         prob = torch.rand(M + PAD, device="cuda", generator=g)
         out_bias = _randn(g, E, K, s=0.5)
         got = ops.grouped_mm_fp8_act_bwd(dyq, dys, wq, ws, offs, pre, prob, out_bias, dy, True, act,
-                                         ALPHA, limit)
+                                         ALPHA, limit, gated)  # dpre's e4m3 copy: gated only
         want = reference_grouped_mm_fp8_act_bwd(dyq, dys, wq, ws, offs, pre, prob, out_bias, dy, True,
                                                 act, ALPHA, limit)
         for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
             _check(name, a, b)
+        if gated:  # dpre's 1 x 128 copy from the same epilogue: quantize_1x128 of the kernel's dpre
+            want_q, want_s = fp8.quantize_1x128(got[0])
+            assert torch.equal(got[3][:M].view(torch.uint8), want_q[:M].view(torch.uint8)), "dpre_q"
+            assert torch.equal(got[4][:M], want_s[:M]), "dpre_scale"
     elif call == "fp8_ragged_k":  # the weight gradient: a by 128 x 1 blocks, b by 128 x 128
         from cute_moe import fp8
         from cute_moe.ops.fp8 import reference_grouped_mm_fp8_wgrad

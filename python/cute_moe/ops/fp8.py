@@ -285,22 +285,39 @@ def check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob,
     check_act_params(alpha, limit, op)
 
 
+def _dpre_fp8_shapes(m: int, width: int, dpre_fp8: bool):
+    """The op's dpre_q and dpre_scale shapes: (m, width), (m, ceil(width / 128)), or no rows
+    (and dpre_q no columns) without dpre_fp8."""
+    rows = m if dpre_fp8 else 0
+    return (rows, width if dpre_fp8 else 0), (rows, (width + 127) // 128)
+
+
 def reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
-                                     prob_grad, activation, alpha, limit):
-    """The op's (dpre, prob * h, dprob) from the reference (its CPU kernel)."""
+                                     prob_grad, activation, alpha, limit, dpre_fp8=False):
+    """The op's (dpre, prob * h, dprob, dpre_q, dpre_scale) from the reference (its CPU kernel);
+    dpre_q and dpre_scale empty without dpre_fp8."""
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
-    return grouped_mm_fp8_act_bwd_ref(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
-                                      dy_bf16, prob_grad, activation, alpha, limit)
+    if dpre_fp8 and not is_gated(activation):
+        fail("grouped_mm_fp8_act_bwd", "dpre_fp8", "a gated activation (swiglu_oai, swiglu, geglu)",
+             repr(activation))
+    out = grouped_mm_fp8_act_bwd_ref(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
+                                     prob_grad, activation, alpha, limit, dpre_fp8)
+    if dpre_fp8:
+        return out
+    q_shape, s_shape = _dpre_fp8_shapes(dy.shape[0], pre.shape[1], False)
+    return (*out, pre.new_empty(q_shape, dtype=FP8_DTYPE), pre.new_empty(s_shape, dtype=torch.float32))
 
 
 def _fake_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
-                                 prob_grad, activation, alpha, limit):
+                                 prob_grad, activation, alpha, limit, dpre_fp8=False):
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
     m = dy.shape[0]
+    q_shape, s_shape = _dpre_fp8_shapes(m, pre.shape[1], dpre_fp8)
     return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
-            pre.new_empty(m if prob_grad else 0, dtype=torch.float32))
+            pre.new_empty(m if prob_grad else 0, dtype=torch.float32),
+            pre.new_empty(q_shape, dtype=FP8_DTYPE), pre.new_empty(s_shape, dtype=torch.float32))
 
 
 # --- grouped_mm_fp8_wgrad: the ragged-K FP8 GEMM (the weight gradients) -------------------

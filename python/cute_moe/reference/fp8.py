@@ -209,12 +209,14 @@ def grouped_mm_fp8_act_ref(xq, x_scale, wq, w_scale, offs, bias=None, activation
 
 def grouped_mm_fp8_act_bwd_ref(dyq, dy_scale, wq, w_scale, offs, pre, prob=None, out_bias=None,
                                dy=None, prob_grad=False, activation="swiglu_oai", alpha=1.702,
-                               limit=None):
+                               limit=None, dpre_fp8=False):
     """The FP8 down projection's input gradient with the activation's backward
     (cute_moe::fp8_act_backward): u = deq(dy) @ deq(w)[e] (fp32; w = W_down as (E, H, I)), then
     the bf16 kernel's epilogue (reference.glu.act_bwd_epilogue_ref; dy, the unquantized
-    gradient, is read for out_bias's term of dprob). Returns (dpre, p * h, dprob)."""
+    gradient, is read for out_bias's term of dprob). Returns (dpre, p * h, dprob), and with
+    dpre_fp8 also dpre's 1 x 128 copy (quantize_1x128 of the bf16 dpre: dpre_q, dpre_scale)."""
     from .glu import act_bwd_epilogue_ref
     u = grouped_mm_fp8_ref(dyq, dy_scale, wq, w_scale, offs)
-    return act_bwd_epilogue_ref(u, dy, offs, pre, None, prob, out_bias, prob_grad, activation,
-                                alpha, limit)
+    out = act_bwd_epilogue_ref(u, dy, offs, pre, None, prob, out_bias, prob_grad, activation,
+                               alpha, limit)
+    return (*out, *quantize_1x128(out[0])) if dpre_fp8 else out

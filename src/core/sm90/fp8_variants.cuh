@@ -26,6 +26,7 @@
 #include "act_variants.cuh"  // ActForwardEpilogue, ActBackwardEpilogue
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
+#include "fp8_rows_epilogue.cuh"  // Sm90QuantizeRows
 #include "ragged_k_variants.cuh"  // RaggedKEpilogue, the dynamic tile schedule
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
 
@@ -341,8 +342,23 @@ template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
 // so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
     : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf<false>> {};
+// The fused backward's tree with dpre's 1 x 128 e4m3 copy (the up projection's input-gradient
+// operand) written by the epilogue too, where the call asks for it (ctx.d_fp8; gated activations
+// only, validate.cpp: the one-value-per-column path of Sm90QuantizeRows wrote wrong bytes in its
+// first test and is not enabled).
+template <class Activation>
+struct Fp8ActBackwardEpilogue : ActBackwardEpilogue<Activation> {
+  using Base = ActBackwardEpilogue<Activation>;
+  template <class TileShape, class ElementD, class EpiDesc>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90QuantizeRows<Activation::kGated, typename EpiDesc::EpilogueTile>,
+                                                  typename Base::template Tree<TileShape, ElementD, EpiDesc>>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
+    return {Base::template arguments<decltype(Args{}.op_0)>(g, ctx), {ctx.d_fp8, ctx.whole.offs}};
+  }
+};
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActBwd, A>
-    : Traits<RowMajor, ColMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>,
+    : Traits<RowMajor, ColMajor, ActBwdOut<A>, Fp8ActBackwardEpilogue<typename ActFunctor<A>::type>,
              Fp8BlockScaledMainloopOf<false>> {};
 // A = x^T (k, 128 blocks) and B = dy^T (n, 128 blocks), both k-major (quantize_fp8_128x1's
 // q_t, B's with tile_scales); every expert has the same output tiles: the weight gradients'
