@@ -86,11 +86,11 @@ struct Fp8ActForwardArgs {
 //   row_scale_grad[r] = sum_j act(pre)[r, j] * s[e] * u[r, j] + sum_n dy[r, n] * out_bias[e, n]
 //          (optional, needs row_scale; the bias term reads the bf16 dy, required with out_bias)
 // gemm.bias must be null. Padding rows get zeros in every output.
-// dpre_q (optional): dpre's e4m3 copy by 1 x 128 blocks along its columns, written by the same
-// epilogue (the operand of the up projection's input gradient; bit for bit quantize_fp8_1x128 of
-// the bf16 dpre): dpre_q (gemm.m, dpre's width) e4m3, row stride ld_dpre_q bytes; dpre_scale
-// (gemm.m, ceil(width / 128)) fp32, row stride ld_dpre_scale. Rows past the groups' are not
-// written.
+// dpre_q (optional, gated activations): dpre's e4m3 copy by 1 x 128 blocks along its columns,
+// written by the same epilogue (the operand of the up projection's input gradient; bit for bit
+// quantize_fp8_1x128 of the bf16 dpre): dpre_q (gemm.m, dpre's width) e4m3, row stride ld_dpre_q
+// bytes; dpre_scale (gemm.m, ceil(width / 128)) fp32, row stride ld_dpre_scale. Rows past the
+// groups' are not written. (On an H100 it costs the kernel more than quantize_fp8_1x128 costs.)
 struct Fp8ActBackwardArgs {
   Fp8RaggedMGemmArgs gemm;
   const void* pre = nullptr;  // bf16 (gemm.m, 2 * gemm.n or gemm.n), row stride ldpre

@@ -1,22 +1,22 @@
 """cute_moe.fp8.expert_ffn: the expert block with its six GEMMs in FP8, the activation and its
 backward fused into the up projection and the down projection's input gradient (issue 14's
 training path so far; docs/fp8.md)."""
-# Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so
-# that autograd frees pre between their backwards. Each weight is cast twice per step: the
-# transposed copy for the forward GEMM in the forward, the as-is copy for the input gradient in
-# the backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per
-# GPT-OSS-20B layer than the bf16 block keeps; recast, they cost one more read of the bf16
-# weights, ~0.5 ms a GPT-OSS-20B layer on an H100); activations and gradients are quantized
-# right before the GEMM that reads them (dpre's 1x128 copy can come from the down projection's
-# fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs; for the FP8 weight
-# gradients (FP8_WEIGHT_GRADS) by blocks of each expert's rows, 128x1 for the activation operand
-# (x, p h) and 128x128 for the gradient (dy, dpre) (x and dy feed both kinds of GEMM: one pass
-# writes both copies; the up projection keeps x's 128x1 copy for its weight gradient instead of
-# the bf16 x, half the bytes). The up projection writes pre and h (bf16) from one FP8 kernel;
-# the down projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and
-# dprob from another (the bf16 kernels' epilogues on the FP8 mainloop, and a quantizing node); the bias
-# gradients are fp32 column sums of the bf16 dpre and dy. On the CPU (or without the op library)
-# cute_moe.fp8 runs its references.
+# Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so that
+# autograd frees pre between their backwards. Each weight is cast twice per step: the transposed
+# copy for the forward GEMM in the forward, the as-is copy for the input gradient in the backward
+# (kept from the forward, the two FP8 copies would hold 0.8 GB more per GPT-OSS-20B layer than the
+# bf16 block keeps; recast, they cost one more read of the bf16 weights, ~0.5 ms a GPT-OSS-20B
+# layer on an H100); activations and gradients are quantized right before the GEMM that reads them
+# (dpre's 1x128 copy can come from the down projection's fused backward instead: FUSED_DPRE_COPY,
+# _DpreCopy): 1x128 for the ragged-M GEMMs; for the FP8 weight gradients (FP8_WEIGHT_GRADS) by
+# blocks of each expert's rows, 128x1 for the activation operand (x, p h) and 128x128 for the
+# gradient (dy, dpre) (x, dy and dpre feed both kinds of GEMM: one pass writes both copies, dpre's
+# 128x128 alone where the fused backward wrote its 1x128; the up projection keeps x's 128x1 copy
+# for its weight gradient instead of the bf16 x, half the bytes). The up projection writes pre and
+# h (bf16) from one FP8 kernel; the down projection's input gradient writes dpre (and, asked, its
+# 1x128 e4m3 copy), prob * h and dprob from another (the bf16 kernels' epilogues on the FP8
+# mainloop, and a quantizing node); the bias gradients are fp32 column sums of the bf16 dpre and
+# dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
