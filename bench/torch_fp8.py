@@ -22,9 +22,11 @@ E4M3_MAX = 448.0
 
 
 def rowwise(t: torch.Tensor, dim: int):
-    """e4m3 of t with one fp32 scale per slice along `dim` (amax / 448), and the scales."""
-    s = t.float().abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / E4M3_MAX
-    return (t.float() / s).to(F8).contiguous(), s.squeeze(dim).contiguous()
+    """e4m3 of t with one fp32 scale per slice along `dim` (amax / 448), and the scales. The
+    amax in t's own dtype (exact: a max of its values) and t / s by type promotion: fp32 math
+    without an fp32 copy of t."""
+    s = t.abs().amax(dim=dim, keepdim=True).float().clamp_min(1e-12) / E4M3_MAX
+    return (t / s).to(F8).contiguous(), s.squeeze(dim).contiguous()
 
 
 def group_colwise(t: torch.Tensor, offs: torch.Tensor):
@@ -36,7 +38,7 @@ def group_colwise(t: torch.Tensor, offs: torch.Tensor):
     amax = torch.segment_reduce(t.abs(), "max", lengths=lengths, axis=0).float()
     s = amax.clamp_min(1e-12) / E4M3_MAX  # (groups + 1, n)
     per_row = torch.repeat_interleave(s, lengths, dim=0, output_size=m)
-    return (t.float() / per_row).to(F8), s[:-1].contiguous()
+    return (t / per_row).to(F8), s[:-1].contiguous()
 
 
 _EAGER = {"rowwise": rowwise, "group_colwise": group_colwise}
