@@ -158,9 +158,6 @@ _MID_PONG = Tile(128, 192, 64, 2, 1, "Pingpong")
 _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
-# 128x192: a tile over two 128-column scale blocks of B (fp8_variants.cuh: B's scales per 64
-# columns, the k-block issued as two 96-column slices)
-_FP8_MID = Tile(128, 192, 128, 2, 1, "Cooperative")
 
 # Per (arch, variant), the compiled tiles by role, in dispatch-table order (the cost
 # model keeps the earlier of two equally cheap rows). The 128x192 "mid" tiles: 5-40% faster
@@ -177,8 +174,8 @@ TILES = {
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": _MID_COOP},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
-    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE, "mid": _FP8_MID},
-    ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE, "mid": _FP8_MID},
+    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8RaggedK"): {"wide": _FP8_WIDE},
 }

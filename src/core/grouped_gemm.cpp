@@ -10,7 +10,6 @@
 #include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
 #include "device_info.h"
-#include "fp8_scale_expand.h"
 #include "gemm_problem.h"
 #include "group_column_sum.h"
 #include "group_setup.h"
@@ -44,20 +43,14 @@ struct Plan {
   size_t arrays_bytes = 0;   // per-group arrays
   size_t cutlass_bytes = 0;  // CUTLASS workspace (upper bound over the variant's kernels)
   size_t scratch_bytes = 0;  // the call's own: column-sum or row-scale-gradient partials
-  size_t b_scale_bytes = 0;  // FP8 ragged M: B's scales per 64 columns (fp8_scale_expand.h)
   bool raster_along_n = false;
   int swizzle = 1;
   bool dynamic_schedule = false;  // weight gradients: tiles from the atomic counter
   int lookahead = kDefaultLookahead;
-  size_t total() const {
-    return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes) + align_up(b_scale_bytes);
-  }
+  size_t total() const { return align_up(arrays_bytes) + align_up(cutlass_bytes) + align_up(scratch_bytes); }
   void* cutlass_workspace(void* base) const { return static_cast<char*>(base) + align_up(arrays_bytes); }
   float* scratch(void* base) const {
     return reinterpret_cast<float*>(static_cast<char*>(base) + align_up(arrays_bytes) + align_up(cutlass_bytes));
-  }
-  float* b_scales(void* base) const {
-    return reinterpret_cast<float*>(reinterpret_cast<char*>(scratch(base)) + align_up(scratch_bytes));
   }
 };
 
@@ -182,11 +175,7 @@ Result plan_call(const Args& args, const GemmOptions& opts, detail::GemmProblem*
   if (!r.ok()) return r;
   *problem = detail::lower(args);
   r = make_plan(*problem, opts, plan);
-  if (!r.ok()) return r;
-  plan->scratch_bytes = scratch_bytes(args, *problem);
-  if (problem->b_scales.ptr != nullptr && is_ragged_m(*problem)) {
-    plan->b_scale_bytes = detail::expanded_b_scale_bytes(problem->num_groups, problem->n, problem->k);
-  }
+  if (r.ok()) plan->scratch_bytes = scratch_bytes(args, *problem);
   return r;
 }
 
@@ -224,13 +213,7 @@ Result check_workspace(const char* op, const Plan& plan, void* workspace, size_t
 // The setup kernel (per-group arrays from offs, zeros the GEMM does not write), then the
 // planned kernel. A ragged-K problem without rows has only empty groups: a memset writes
 // their zeros and no GEMM runs (it would read no operand).
-Result enqueue_gemm(const detail::GemmProblem& problem, const Plan& plan, void* workspace, cudaStream_t stream) {
-  detail::GemmProblem p = problem;
-  if (plan.b_scale_bytes > 0 && p.m > 0) {  // FP8 ragged M: B's scales per 64 columns
-    cudaError_t e = detail::launch_expand_b_scales(problem.b_scales, p.num_groups, p.n, p.k, plan.b_scales(workspace),
-                                                   stream, &p.b_scales);
-    if (e != cudaSuccess) return cuda_error("FP8 weight-scale expansion kernel", e);
-  }
+Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* workspace, cudaStream_t stream) {
   const detail::GroupArrays groups = detail::carve_group_arrays(workspace, p);
   float* partial = p.row_scale_grad ? plan.scratch(workspace) : nullptr;
   cudaError_t err = detail::launch_group_setup(p, groups, partial, plan.sm_count, stream);

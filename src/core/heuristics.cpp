@@ -10,11 +10,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool is_fp8(KernelVariant v) {
-  return v == KernelVariant::Fp8RaggedM || v == KernelVariant::Fp8ActFwd || v == KernelVariant::Fp8ActBwd ||
-         v == KernelVariant::Fp8RaggedK;
-}
-
 // Throughput of a full tile relative to the 128x256 cooperative kernel, from the
 // measurements in docs/perf-notes.md: smaller tiles re-read more operand bytes per FLOP
 // and pingpong hides the epilogue, which matters most when tiles are small.
@@ -92,13 +87,6 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // faster than it (5.23 / 5.42 ms against 5.55 / 5.74, balanced / skewed; session 14).
   const bool deep_groups = rows_per_group >= 2048;
   choice.index = first_with_role(TileRole::Mid);
-  // The FP8 128x192 tile only where it covers n in whole tiles: 8-10% faster than 128x128 at
-  // GPT-OSS-20B's up and down projections and 5% at Qwen3-30B-A3B's up projection (n = 1536),
-  // 6% slower at its down projection (n = 2048, a partial last column of tiles; H100,
-  // docs/perf-notes.md, session 19).
-  if (choice.index >= 0 && is_fp8(p.variant) && p.n % candidates[choice.index].tile_n != 0) {
-    choice.index = first_with_role(TileRole::Wide);
-  }
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.

@@ -129,23 +129,6 @@ TEST(ChooseLaunch, RaggedMKernelsTakeTheirMidTile) {
   EXPECT_EQ(chosen(KernelVariant::ActBwd_BCol, Act::Swiglu).role, TileRole::Wide);
 }
 
-// FP8 ragged M: the 128x192 tile where it covers n in whole tiles, else the 128x128 one.
-TEST(ChooseLaunch, Fp8MidTileOnlyWhereItDividesN) {
-  const TileConfig wide{KernelVariant::Fp8RaggedM, 128, 128, 128, 2, 1, Schedule::Cooperative, Act::Unfused,
-                        TileRole::Wide};
-  TileConfig mid = wide;
-  mid.tile_n = 192;
-  mid.role = TileRole::Mid;
-  const std::vector<TileConfig> candidates = {wide, mid};
-  auto role = [&](int64_t m, int64_t n, int64_t k, int32_t groups) {
-    return candidates[choose_launch({KernelVariant::Fp8RaggedM, m, n, k, groups}, candidates, 132).index].role;
-  };
-  EXPECT_EQ(role(98304, 5760, 2880, 32), TileRole::Mid);    // GPT-OSS-20B up
-  EXPECT_EQ(role(98304, 2880, 2880, 32), TileRole::Mid);    // GPT-OSS-20B down
-  EXPECT_EQ(role(131072, 1536, 2048, 128), TileRole::Mid);  // Qwen3-30B-A3B up
-  EXPECT_EQ(role(131072, 2048, 768, 128), TileRole::Wide);  // Qwen3-30B-A3B down: 2048 = 10.7 x 192
-}
-
 // Weight gradients take the mid tile where compiled, along n, swizzle 4.
 TEST(ChooseLaunch, WeightGradientsTakeTheMidTileAlongN) {
   TileConfig wide = kCoop, mid{KernelVariant::RaggedK_OutBF16, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};

@@ -49,15 +49,6 @@ struct Fp8WholeOperandsMainloop : Base {
   static constexpr int kGranularityM = Base::ScaleGranularityM;
   static constexpr int kGranularityN = Base::ScaleGranularityN;
   static constexpr int kGranularityK = Base::ScaleGranularityK;
-  // B's scales as the collective loads them (its load_auxiliary): one per kGranularityN
-  // columns. Ragged M states 64 (Fp8BlockScaledMainloopOf): the weights' 128 x 128 block scales
-  // are given to the kernel with each 128-column block's scale twice (grouped_gemm.cpp,
-  // fp8_scale_expand.cu), so a 192-wide tile reads one per 64 columns (three per k-block).
-  static constexpr int kBlockN = 128;
-  static constexpr int kTileN = cute::size<1>(TileShape{});
-  static_assert(kGranularityN == (kRaggedK ? kBlockN : 64) && kTileN % kGranularityN == 0,
-                "B's scales: one per 128 columns (ragged K) or per 64 (ragged M)");
-  static_assert(!kRaggedK || kTileN == kBlockN, "ragged K: one B scale per tile");
 
   // Both operands k-contiguous: (mn, k, batch) with strides (ld, 1, batch stride).
   using WholeStride = cute::Stride<int64_t, cute::_1, int64_t>;
@@ -160,15 +151,14 @@ struct Fp8WholeOperandsMainloop : Base {
     return load_init(shape, params, params.ptr_SFA[group], params.ptr_SFB[group], begin, group);
   }
 
-  // The consumer. The collective's own waits for each k-block's WGMMAs before promoting
+  // The consumer: the collective's own waits for each k-block's WGMMAs before promoting
   // them, and both warpgroups of the cooperative tile promote at once, so the tensor cores
-  // idle through every promotion. Here, at 128-wide tiles, k-block t + 1 is issued into a
-  // second temporary accumulator before k-block t is promoted (warpgroup_wait<1>): the
-  // promotion overlaps the next block's WGMMAs. 192-wide tiles have registers for one
-  // temporary only (below). The smem stages are released as the collective does (each
+  // idle through every promotion. Here k-block t + 1 is issued into a second temporary
+  // accumulator before k-block t is promoted (warpgroup_wait<1>): the promotion overlaps
+  // the next block's WGMMAs. The smem stages are released as the collective does (each
   // after its promotion, the last by mma_tail).
-  // Scales: one per row of A (1 x 128 blocks, or 128 x 1 blocks of A^T); B's per
-  // kGranularityN columns of the tile, folded into the row scales when the k-block is issued.
+  // Scales: one per row of A (1 x 128 blocks, or 128 x 1 blocks of A^T) and one per tile of B
+  // (128 x 128 blocks), folded into the row scales when the k-block is issued.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tile_count,
                           int thread_idx, TensorStorage& storage, Params const&) {
@@ -177,139 +167,92 @@ struct Fp8WholeOperandsMainloop : Base {
     using SmemLayoutSFA = typename Base::SmemLayoutSFA;
     using SmemLayoutSFB = typename Base::SmemLayoutSFB;
     using Scale = typename Base::ElementBlockScale;
-    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}), "one scale per row of A");
+    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}) && Base::ScaleNsPerTile == 1,
+                  "one scale per row of A and one per tile of B");
     static_assert(kGranularityK == size<2>(TileShape{}), "one scale block per k-tile: a promotion per k-tile");
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
-    // A's scales as a (BLK_M, BLK_N, (BLK_K, PIPE)) view, broadcast along n
+    // the scales as (BLK_M, BLK_N, (BLK_K, PIPE)) views, broadcast along the other mode
     Tensor sSFA = make_tensor(make_smem_ptr(storage.smem_SFA.data()),
                               make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
                                                      make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
                                           make_stride(stride<0>(SmemLayoutSFA{}), _0{},
                                                       make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-    Tensor sSFB = make_tensor(make_smem_ptr(storage.smem_SFB.data()), SmemLayoutSFB{});  // ((64, slots), (128, 1), PIPE)
+    Tensor sSFB = make_tensor(make_smem_ptr(storage.smem_SFB.data()),
+                              make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                                                     make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                          make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                                                      make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
     constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
     Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
     const int warp_group = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
     auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
     Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
+    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
     Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
-    auto b_scale = [&](int slot, int stage) -> Scale { return sSFB(make_coord(0, slot), make_coord(0, 0), stage); };
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+
+    Tensor tmp0 = make_fragment_like(accum);
+    Tensor tmp1 = make_fragment_like(accum);
+    Tensor sfa0 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));  // (MMA, MMA_M, MMA_N), one per row
+    Tensor sfa1 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));
+    clear(accum);
+    // Without this fence ptxas schedules the clear inside the first k-tile's WGMMA window and
+    // drains that batch (DEPBAR gsb0, 0) before issuing the second: no overlap per tile start.
+    warpgroup_fence_operand(accum);
 
     PipelineState release = read;
-    if constexpr (kTileN == kBlockN) {
-      clear(accum);
-      // Without this fence ptxas schedules the clear inside the first k-tile's WGMMA window and
-      // drains that batch (DEPBAR gsb0, 0) before issuing the second: no overlap per tile start.
+    // k-tile `read` into `tmp` (its row scales times the tile's B scale into `sfa`)
+    auto issue = [&](auto& tmp, auto& sfa) {
+      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+      const int stage = read.index();
+      copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
+      const Scale scale_b = tCsSFB(_0{}, _0{}, _0{}, make_coord(_0{}, stage));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      warpgroup_fence_operand(tmp);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), tmp);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(tmp);
+      ++read;
+    };
+    // the oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
+    // flight): its stage released unless it is the last (mma_tail's), then promoted
+    auto retire = [&](auto& tmp, auto& sfa, auto pending, bool last) {
+      warpgroup_wait<decltype(pending)::value>();
+      warpgroup_fence_operand(tmp);
+      if (!last) {
+        pipeline.consumer_release(release);
+        ++release;
+      }
       warpgroup_fence_operand(accum);
-      if (k_tile_count <= 0) return;  // an empty group's tile (ragged K): its zeros
-      Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-      Tensor tmp0 = make_fragment_like(accum);
-      Tensor tmp1 = make_fragment_like(accum);
-      Tensor sfa0 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));  // (MMA, MMA_M, MMA_N), one per row
-      Tensor sfa1 = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));
-      // k-tile `read` into `tmp` (its row scales times the tile's B scale into `sfa`)
-      auto issue = [&](auto& tmp, auto& sfa) {
-        pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-        const int stage = read.index();
-        copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-        const Scale scale_b = b_scale(0, stage);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
-        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        warpgroup_fence_operand(tmp);
-        warpgroup_arrive();
-        CUTLASS_PRAGMA_UNROLL
-        for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-          cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), tmp);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_fence_operand(tmp);
-        ++read;
-      };
-      // the oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
-      // flight): its stage released unless it is the last (mma_tail's), then promoted
-      auto retire = [&](auto& tmp, auto& sfa, auto pending, bool last) {
-        warpgroup_wait<decltype(pending)::value>();
-        warpgroup_fence_operand(tmp);
-        if (!last) {
-          pipeline.consumer_release(release);
-          ++release;
-        }
-        warpgroup_fence_operand(accum);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
-        warpgroup_fence_operand(accum);
-      };
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
+      warpgroup_fence_operand(accum);
+    };
+    if (k_tile_count <= 0) return;  // an empty group's tile (ragged K): its zeros
+    issue(tmp0, sfa0);
+    int left = k_tile_count - 1;  // k-tiles not yet issued
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; left >= 2; left -= 2) {
+      issue(tmp1, sfa1);
+      retire(tmp0, sfa0, Int<1>{}, false);
       issue(tmp0, sfa0);
-      int left = k_tile_count - 1;  // k-tiles not yet issued
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (; left >= 2; left -= 2) {
-        issue(tmp1, sfa1);
-        retire(tmp0, sfa0, Int<1>{}, false);
-        issue(tmp0, sfa0);
-        retire(tmp1, sfa1, Int<1>{}, false);
-      }
-      if (left == 1) {
-        issue(tmp1, sfa1);
-        retire(tmp0, sfa0, Int<1>{}, false);
-        retire(tmp1, sfa1, Int<0>{}, true);
-      } else {
-        retire(tmp0, sfa0, Int<0>{}, true);
-      }
+      retire(tmp1, sfa1, Int<1>{}, false);
+    }
+    if (left == 1) {
+      issue(tmp1, sfa1);
+      retire(tmp0, sfa0, Int<1>{}, false);
+      retire(tmp1, sfa1, Int<0>{}, true);
     } else {
-      // 192-wide tiles: one temporary of the whole width (two would not fit the registers),
-      // each k-tile waited for and promoted before the next is issued; the other warpgroup's
-      // WGMMAs fill the gap (DeepGEMM's scheme). Tried first: the k-tile as two 96-column
-      // slices in two half-width temporaries, a slice promoted under the next; ptxas
-      // serialized every WGMMA of that loop (C7514), docs/perf-notes.md, session 19.
-      Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-      Tensor tmp = make_fragment_like(accum);
-      using AccumShape = decltype(shape(accum));
-      static_assert(size<1>(AccumShape{}) == 1 && size<2>(AccumShape{}) == 1 && size<0, 0>(AccumShape{}) == 2 &&
-                        size<0, 1>(AccumShape{}) == 2,
-                    "the 64 x N WGMMA accumulator: ((2 columns, 2 rows), n / 8), element e in column group e / 4");
-      constexpr int kSlots = kTileN / kGranularityN;
-      constexpr int kPerSlot = decltype(size(accum))::value / kSlots;
-      Tensor sfa = make_tensor_like<Scale>(tCsSFA(_, _, _, _0{}));  // one per row, broadcast along n
-      Scale scales[kSlots][2];  // row scale times B's, per 64-column slot and per row of the thread
-      clear(accum);
-      warpgroup_fence_operand(accum);
-      if (k_tile_count <= 0) return;  // an empty group's tile (ragged K): its zeros
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int left = k_tile_count - 1; left >= 0; --left) {
-        pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-        const int stage = read.index();
-        copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-        CUTLASS_PRAGMA_UNROLL
-        for (int slot = 0; slot < kSlots; ++slot) {
-          const Scale b = b_scale(slot, stage);
-          scales[slot][0] = sfa(0) * b;
-          scales[slot][1] = sfa(2) * b;  // element 2: the same column, 8 rows down
-        }
-        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        warpgroup_fence_operand(tmp);
-        warpgroup_arrive();
-        CUTLASS_PRAGMA_UNROLL
-        for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-          cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), tmp);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tmp);
-        if (left > 0) {  // the last stage is mma_tail's to release
-          pipeline.consumer_release(release);
-          ++release;
-        }
-        ++read;
-        warpgroup_fence_operand(accum);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * scales[i / kPerSlot][(i / 2) % 2];
-        warpgroup_fence_operand(accum);
-      }
+      retire(tmp0, sfa0, Int<0>{}, true);
     }
   }
 
@@ -379,9 +322,7 @@ struct Fp8WholeOperandsMainloop : Base {
 template <bool kRaggedK>
 struct Fp8BlockScaledMainloopOf {
   using ElementAB = cutlass::float_e4m3_t;
-  // Ragged M: B's scales per 64 columns (each 128-column block's twice, as the core gives
-  // them), so that tiles 192 wide are served; ragged K: per 128.
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kRaggedK ? 128 : 64, 128>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
   template <class Built>
   using type = Fp8WholeOperandsMainloop<Built, kRaggedK>;
   template <class Args>
