@@ -7,6 +7,9 @@
 #   bf16           the same layer object, precision "bf16" (the fused bf16 kernels)
 #   torch          the torchtitan-style layer (cute_moe.reference.ReferenceMoE, impl
 #                  "grouped_mm": torch._grouped_mm and unfused ops), sharing the parameters
+#   torch fp8      that layer with its experts in PyTorch FP8 (bench/torch_fp8.py: all six GEMMs
+#                  on torch._scaled_grouped_mm rowwise, torchao's recipe, each expert's rows
+#                  padded to 16), its quantizers eager; "torch fp8 compiled": through torch.compile
 # forward (the training forward), backward (the input's and every parameter's gradient,
 # autograd.grad, after an untimed forward) and the peak memory of one forward + backward, at the
 # named configs of `python -m cute_moe.bench`; TFLOP/s of the expert GEMMs (cfg.flops()).
@@ -20,6 +23,7 @@ import sys
 import torch
 
 from common import fmt, print_columns, rel_error, run_meta, write_json
+from torch_fp8 import moe_layer as torch_fp8_layer
 from cute_moe.bench.configs import CONFIGS
 from cute_moe.bench.runner import alternating_ms, backward_step, build, call_step, peak_bytes
 
@@ -35,7 +39,14 @@ def bench_config(name: str, reps: int, warmup: int, seed: int) -> list[dict]:
             return ours(x)
         return forward
 
-    forward = {"fp8": layer("fp8"), "bf16": layer("bf16"), "torch": lambda: base(x)}
+    forward = {"fp8": layer("fp8"), "bf16": layer("bf16"), "torch": lambda: base(x),
+               "torch fp8": lambda: torch_fp8_layer(base, x)}
+    compiled = lambda: torch_fp8_layer(base, x, compiled=True)  # noqa: E731
+    try:
+        torch.autograd.grad(compiled(), inputs, dy)
+        forward["torch fp8 compiled"] = compiled
+    except Exception as e:  # no triton / inductor on this machine: the eager side stays
+        print(f"# {name}: torch fp8 compiled skipped: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
     with torch.no_grad():
         outs = {k: f() for k, f in forward.items()}
     errors = {k: rel_error(v, outs["bf16"]) for k, v in outs.items() if k != "bf16"}
@@ -56,7 +67,7 @@ def bench_config(name: str, reps: int, warmup: int, seed: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="the MoE layer with FP8 experts vs bf16 vs torchtitan-style")
+    ap = argparse.ArgumentParser(description="the MoE layer with FP8 experts vs bf16 vs torchtitan-style (bf16, FP8)")
     ap.add_argument("--configs", default="gpt-oss-20b,qwen3-30b-a3b")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -70,18 +81,20 @@ def main(argv=None) -> int:
     for name in args.configs.split(","):
         rows += bench_config(name, args.reps, args.warmup, args.seed)
         print(f"# {name} done", file=sys.stderr)
-    print(f"MoE layer, experts in FP8 / bf16 / torch; {torch.cuda.get_device_name()}; median of {args.reps} "
+    print(f"MoE layer, experts in FP8 / bf16 / torch / torch FP8; {torch.cuda.get_device_name()}; median of {args.reps} "
           "calls per side, sides in turn")
     lines = [("config", "side", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s",
-              "fwd+bwd x bf16", "fwd+bwd x torch", "peak GiB", "out vs bf16")]
+              "fwd+bwd x bf16", "fwd+bwd x torch", "fwd+bwd x torch fp8 c.", "peak GiB", "out vs bf16")]
     for r in rows:
         def total(side):
-            b = next(x for x in rows if x["config"] == r["config"] and x["side"] == side)
-            return b["fwd_ms"] + b["bwd_ms"]
+            b = next((x for x in rows if x["config"] == r["config"] and x["side"] == side), None)
+            return None if b is None else b["fwd_ms"] + b["bwd_ms"]
         mine = r["fwd_ms"] + r["bwd_ms"]
+        peer = total("torch fp8 compiled")
         lines.append((r["config"], r["side"], fmt(r["fwd_ms"], ".2f"), fmt(r["bwd_ms"], ".2f"), fmt(mine, ".2f"),
                       fmt(r["fwd_tflops"], ".0f"), fmt(r["bwd_tflops"], ".0f"), fmt(total("bf16") / mine, ".2f"),
-                      fmt(total("torch") / mine, ".2f"), fmt(r["peak_gib"], ".2f"), fmt(r["err_vs_bf16"], ".1e")))
+                      fmt(total("torch") / mine, ".2f"), fmt(None if peer is None else peer / mine, ".2f"),
+                      fmt(r["peak_gib"], ".2f"), fmt(r["err_vs_bf16"], ".1e")))
     print_columns(lines, left=2)
     if args.json:
         write_json(args.json, run_meta(reps=args.reps), rows)

@@ -85,17 +85,59 @@ class ScaledGroupedMM(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def expert_block(x, w_up, w_down, offs, b_up, b_down, prob, activation, compiled=False):
+def expert_block(x, w_up, w_down, offs, b_up, b_down, prob, activation, compiled=False, *, alpha=None,
+                 limit="default"):
     """The expert block (GPT-OSS / Qwen3 layout: w_up (E, H, 2I) interleaved gate/linear,
-    w_down (E, I, H)) in PyTorch FP8: differentiable in every input."""
-    from cute_moe.activations import ACTIVATIONS
+    w_down (E, I, H)) in PyTorch FP8: differentiable in every input. offs[-1] must be x's
+    rows. alpha None, limit "default": the activation's own."""
+    from cute_moe.activations import ACTIVATIONS, DEFAULT_ALPHA
     from cute_moe.reference.activation import activation_ref
     counts = torch.diff(offs, prepend=offs.new_zeros(1))
     pre = ScaledGroupedMM.apply(x, w_up, offs, compiled)
     if b_up is not None:
         pre = pre + torch.repeat_interleave(b_up, counts, dim=0, output_size=pre.shape[0])
-    h = activation_ref(pre, activation, limit=ACTIVATIONS[activation].default_limit)
+    h = activation_ref(pre, activation, DEFAULT_ALPHA if alpha is None else alpha,
+                       ACTIVATIONS[activation].default_limit if limit == "default" else limit)
     y = ScaledGroupedMM.apply(h, w_down, offs, compiled)
     if b_down is not None:
         y = y + torch.repeat_interleave(b_down, counts, dim=0, output_size=y.shape[0])
     return y * prob[:, None].to(y.dtype)
+
+
+def moe_layer(ref, x, compiled=False):
+    """The MoE layer `ref` (a cute_moe.reference.ReferenceMoE: torchtitan's router, dispatch and
+    combine) with its experts on expert_block, differentiable in x and every parameter. The
+    routed rows are laid out with each expert's padded to a multiple of 16 (the FP8 ragged-K
+    GEMM's alignment, as torchao's FP8 MoE training pads them) in a buffer of a static bound,
+    m + 16 E rows, whose tail the last expert takes (zero rows: they add nothing to any
+    gradient); no host sync."""
+    from cute_moe.reference.moe import route_ref
+    shape = x.shape
+    x = x.reshape(-1, ref.hidden)
+    t, k, e = x.shape[0], ref.top_k, ref.num_experts
+    r = ref.router
+    weights, experts, _ = route_ref(x, r.gate.weight, r.gate.bias, k, score_func=ref.score_func,
+                                    renormalize=ref.renormalize, route_scale=ref.route_scale,
+                                    expert_bias=r.expert_bias, compute_dtype=ref.router_dtype)
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + 15) // 16 * 16
+    m = t * k
+    rows = (m + 16 * e + 15) // 16 * 16
+    start = torch.cumsum(counts, 0) - counts
+    pstart = torch.cumsum(padded, 0) - padded
+    sorted_expert = flat[order]
+    dest = torch.arange(m, device=x.device) - start[sorted_expert] + pstart[sorted_expert]
+    offs = torch.cumsum(padded, 0).to(torch.int32)
+    offs[-1] = rows
+    ex = ref.experts
+    dt = ex.gate_up_proj.dtype
+    xp = x.new_zeros(rows, ref.hidden, dtype=dt).index_copy(0, dest, x[token].to(dt))
+    prob = weights.new_zeros(rows).index_copy(0, dest, weights.reshape(-1)[order])
+    y = expert_block(xp, ex.gate_up_proj, ex.down_proj, offs, ex.gate_up_proj_bias, ex.down_proj_bias, prob,
+                     ref.activation, compiled, alpha=ref.swiglu_alpha, limit=ref.limit)[dest]
+    out = torch.zeros(t, y.shape[1], dtype=y.dtype, device=y.device).index_add(0, token, y)
+    return out.to(x.dtype).reshape(shape)
+
