@@ -93,26 +93,38 @@ def test_moe_layer_matches_the_reference_layer(monkeypatch, activation, bias):
     """The PyTorch FP8 MoE layer (bench_fp8_layer's "torch fp8" side): each expert's rows padded
     to 16 in a buffer of a static bound, the same function as the bf16 reference layer up to
     e4m3's rounding, its gradients in x and every parameter; the experts' counts here are not
-    multiples of 16 and one expert gets no row."""
+    multiples of 16 (one is: 19, 16, 17, 22 rows) and one expert gets no row."""
     from cute_moe.reference import ReferenceMoE
+    from cute_moe.reference.moe import route_ref
     monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm, raising=False)
     torch.manual_seed(3)
     ref = ReferenceMoE(64, 32, 5, 2, activation=activation, bias=bias, dtype=torch.bfloat16)
     with torch.no_grad():  # routing that leaves expert 4 empty
-        ref.router.gate.weight[4] = -10.0 * ref.router.gate.weight[:4].abs().sum(0)
+        ref.router.gate.weight[4] = 0.0
+        ref.router.gate.bias[4] = -1e4
     x = torch.randn(37, 64).bfloat16().requires_grad_()
-    params = [p for p in ref.parameters() if p.requires_grad]
+    _, experts, _ = route_ref(x, ref.router.gate.weight, ref.router.gate.bias, 2)
+    counts = torch.bincount(experts.reshape(-1), minlength=5)
+    assert counts[4] == 0 and (counts[:4] % 16 != 0).sum() >= 3, counts
+    names, params = zip(*[(n, p) for n, p in ref.named_parameters() if p.requires_grad])
     y = torch_fp8.moe_layer(ref, x)
     want = ref(x)
     assert y.shape == want.shape and y.dtype == torch.bfloat16
     assert 1e-3 < _rel(y, want.float()) < 8e-2
     dy = torch.randn_like(y)
-    got = torch.autograd.grad(y, [x] + params, dy, allow_unused=True)
-    ref_grads = torch.autograd.grad(want, [x] + params, dy, allow_unused=True)
+    got = torch.autograd.grad(y, [x, *params], dy, allow_unused=True)
+    ref_grads = torch.autograd.grad(want, [x, *params], dy, allow_unused=True)
     compared = 0
-    for g_got, g_want in zip(got, ref_grads):
+    for name, g_got, g_want in zip(("x",) + names, got, ref_grads):
         if g_want is None or g_want.abs().sum() == 0:
             continue  # the router's expert bias picks experts: no gradient in either
-        assert g_got is not None and _rel(g_got, g_want.float()) < 1.5e-1
+        assert g_got is not None, name
+        if name.startswith("router"):
+            # the routing weights' gradient is a difference of nearly equal terms (softmax,
+            # renormalized): e4m3's few percent in y come back larger, the direction holds
+            cos = torch.nn.functional.cosine_similarity(g_got.float().flatten(), g_want.float().flatten(), 0)
+            assert cos > 0.9, (name, cos)
+        else:
+            assert _rel(g_got, g_want.float()) < 1.5e-1, name
         compared += 1
-    assert compared >= (6 if bias else 4)  # x, the gate, and the expert weights (and biases)
+    assert compared >= (7 if bias else 4)  # x, the gate (and its bias), the expert weights (and biases)
