@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 
 from . import _library
-from .activation_args import is_gated
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
-from .ops.fp8 import (check_grouped_mm_fp8_act_args, check_grouped_mm_fp8_act_bwd_args,
-                      check_grouped_mm_fp8_args, check_quantize_128x128_args,
-                      check_grouped_mm_fp8_wgrad_args, check_quantize_128x1_args,
+from .ops.fp8 import (check_dpre_fp8, check_grouped_mm_fp8_act_args,
+                      check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
+                      check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
+                      check_quantize_128x1_args,
                       check_quantize_1x128_args, reference_128x1, reference_1x128_128x1,
                       reference_128x128, reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
@@ -175,9 +175,7 @@ def grouped_mm_act_bwd(dy: torch.Tensor, dy_scale: torch.Tensor, w: torch.Tensor
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
     check_offs_values("grouped_mm_fp8_act_bwd", offs, dy.shape[0], "dy")
-    if dpre_fp8 and not is_gated(activation):
-        raise ValueError(f"cute_moe.grouped_mm_fp8_act_bwd: dpre_fp8: expected a gated activation "
-                         f"(swiglu_oai, swiglu, geglu), got {activation!r}")
+    check_dpre_fp8(dpre_fp8, activation)
     return grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias,
                                         dy_bf16, prob_grad, activation, alpha, limit, dpre_fp8)
 

@@ -292,7 +292,7 @@ def _dpre_fp8_shapes(m: int, width: int, dpre_fp8: bool):
     return (rows, width if dpre_fp8 else 0), (rows, (width + 127) // 128)
 
 
-def _check_dpre_fp8(dpre_fp8: bool, activation: str) -> None:
+def check_dpre_fp8(dpre_fp8: bool, activation: str) -> None:
     """dpre's e4m3 copy from the epilogue is written for the gated activations only."""
     if dpre_fp8 and not is_gated(activation):
         fail("grouped_mm_fp8_act_bwd", "dpre_fp8", "a gated activation (swiglu_oai, swiglu, geglu)",
@@ -305,7 +305,7 @@ def reference_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, 
     dpre_q and dpre_scale empty without dpre_fp8."""
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
-    _check_dpre_fp8(dpre_fp8, activation)
+    check_dpre_fp8(dpre_fp8, activation)
     out = grouped_mm_fp8_act_bwd_ref(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                      prob_grad, activation, alpha, limit, dpre_fp8)
     if dpre_fp8:
@@ -318,7 +318,7 @@ def _fake_grouped_mm_fp8_act_bwd(dy, dy_scale, w, w_scale, offs, pre, prob, out_
                                  prob_grad, activation, alpha, limit, dpre_fp8=False):
     check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit)
-    _check_dpre_fp8(dpre_fp8, activation)
+    check_dpre_fp8(dpre_fp8, activation)
     m = dy.shape[0]
     q_shape, s_shape = _dpre_fp8_shapes(m, pre.shape[1], dpre_fp8)
     return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),

@@ -5,21 +5,21 @@
 // columns) needs no separate pass over D. Used by the FP8 fused backward (Fp8ActBwd): dpre
 // for the up projection's input gradient.
 //
-// D arrives packed as the activation backward makes it: gated, one 32-bit word per
-// accumulator column holding the bf16 (dgate, dlinear) pair, D columns 2j and 2j + 1; else
-// one bf16 per column. The copy quantizes those bf16 values (the bits quantize_fp8_1x128 would
-// read back from D). A block of 128 D columns is kSubtiles epilogue subtiles (whole subtiles:
-// the tile's columns start on a block boundary); the node keeps the values of a block's
-// earlier subtiles in registers (the subtile loop is unrolled, so their indices are
-// constants) and, in the reduce step of its last subtile, takes each row's amax over the
-// thread's values and the quad's (the four threads of a quad hold the same rows, WGMMA's
-// layout), then writes the e4m3 bytes and, from one thread per quad, the row's scale.
-// Rows past the group and columns past D's are not written.
-// Status (session 18): bit for bit quantize_fp8_1x128 in the packed (gated) form, the only one
-// enabled (validate.cpp refuses the others: the one-bf16-per-column form wrote wrong bytes in
-// its first test, not yet traced); slower than the separate pass it replaces (the cooperative
-// kernel's epilogue runs between tiles: +1.0 ms on the GPT-OSS-20B fused backward against a
-// 0.6 ms pass, docs/fp8.md), so the FP8 block leaves it off (fp8_ffn.FUSED_DPRE_COPY).
+// D arrives packed as the gated activations' backward makes it: one 32-bit word per
+// accumulator column holding the bf16 (dgate, dlinear) pair, D columns 2j and 2j + 1 (the
+// non-gated kernels do not include the node: fp8_variants.cuh). The copy quantizes those bf16
+// values (the bits quantize_fp8_1x128 would read back from D). A block of 128 D columns is
+// kSubtiles epilogue subtiles (whole subtiles: the tile's columns start on a block boundary);
+// the node keeps the values of a block's earlier subtiles in registers (the subtile loop is
+// unrolled, so their indices are constants) and, in the reduce step of its last subtile, takes
+// each row's amax over the thread's values and the quad's (the four threads of a quad hold the
+// same rows, WGMMA's layout), then writes the e4m3 bytes and, from one thread per quad, the
+// row's scale. Rows past the group and columns past D's are not written.
+// Status (session 18): bit for bit quantize_fp8_1x128; slower than the separate pass it
+// replaces (the cooperative kernel's epilogue runs between tiles: +1.0 ms on the GPT-OSS-20B
+// fused backward against a 0.6 ms pass, docs/fp8.md), so the FP8 block leaves it off
+// (fp8_ffn.FUSED_DPRE_COPY). (A one-bf16-per-column form for the non-gated activations wrote
+// wrong bytes in its first test and was removed; they quantize dpre with the pass.)
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,14 +38,14 @@ struct QuantizeRowsArguments {
   const int32_t* offs = nullptr;   // device: cumulative end rows per group
 };
 
-// kPacked: D's elements are 32-bit (bf16, bf16) pairs of adjacent columns (gated dpre).
-template <bool kPacked, class EpiTile>
+// D's elements are 32-bit (bf16, bf16) pairs of adjacent columns (gated dpre).
+template <class EpiTile>
 struct Sm90QuantizeRows : SimpleNode<QuantizeRowsArguments> {
-  static constexpr int kWidth = kPacked ? 2 : 1;  // D columns per element
+  static constexpr int kWidth = 2;  // D columns per element
   static constexpr int kEpiN = decltype(cute::size<1>(EpiTile{}))::value;
   static_assert(fp8_math::kBlock % (kEpiN * kWidth) == 0, "a 1 x 128 block must be whole epilogue subtiles");
   static constexpr int kSubtiles = fp8_math::kBlock / (kEpiN * kWidth);
-  using ElementD = std::conditional_t<kPacked, uint32_t, cutlass::bfloat16_t>;
+  using ElementD = uint32_t;
 
   Params params;
   CUTLASS_HOST_DEVICE Sm90QuantizeRows() {}
@@ -75,22 +75,14 @@ struct Sm90QuantizeRows : SimpleNode<QuantizeRowsArguments> {
       return frg_d;  // D as it is
     }
 
-    // The bf16 values of element i of an epilogue subtile (kWidth of them).
+    // The two bf16 values of element e of an epilogue subtile.
     CUTLASS_DEVICE static void values(ElementD e, float (&v)[kWidth]) {
-      if constexpr (kPacked) {
-        v[0] = __uint_as_float(e << 16);
-        v[1] = __uint_as_float(e & 0xffff0000u);
-      } else {
-        v[0] = float(e);
-      }
+      v[0] = __uint_as_float(e << 16);
+      v[1] = __uint_as_float(e & 0xffff0000u);
     }
 
     CUTLASS_DEVICE static void store_one(uint8_t* dst, uint32_t bytes) {
-      if constexpr (kPacked) {
-        __stcg(reinterpret_cast<unsigned short*>(dst), static_cast<unsigned short>(bytes));
-      } else {
-        *dst = static_cast<uint8_t>(bytes);
-      }
+      __stcg(reinterpret_cast<unsigned short*>(dst), static_cast<unsigned short>(bytes));
     }
 
     template <class STensor, class SyncFn, class VTensor>
@@ -156,23 +148,15 @@ struct Sm90QuantizeRows : SimpleNode<QuantizeRowsArguments> {
           float v[2 * kWidth];
           values(element(sub, i), reinterpret_cast<float(&)[kWidth]>(v[0]));
           values(element(sub, i + 1), reinterpret_cast<float(&)[kWidth]>(v[kWidth]));
-          uint32_t bytes = fp8_math::e4m3x2(quotient(v[0]), quotient(v[1]));
-          if constexpr (kPacked) bytes |= fp8_math::e4m3x2(quotient(v[2]), quotient(v[3])) << 16;
+          const uint32_t bytes = fp8_math::e4m3x2(quotient(v[0]), quotient(v[1])) |
+                                 fp8_math::e4m3x2(quotient(v[2]), quotient(v[3])) << 16;
           uint8_t* dst = q + int64_t(m) * ld_q + int64_t(n) * kWidth;
           if (paired) {  // both columns in or out: n is even (WGMMA's pairs) and D's width too
-            if (m < rows_left && n < cols_left) {
-              if constexpr (kPacked) {
-                __stcg(reinterpret_cast<unsigned int*>(dst), bytes);
-              } else {
-                __stcg(reinterpret_cast<unsigned short*>(dst), static_cast<unsigned short>(bytes));
-              }
-            }
+            if (m < rows_left && n < cols_left) __stcg(reinterpret_cast<unsigned int*>(dst), bytes);
           } else {  // not expected from WGMMA's layout; kept correct regardless
             const int m1 = cute::get<0>(coords(i + 1)), n1 = cute::get<1>(coords(i + 1));
-            if (m < rows_left && n < cols_left) store_one(dst, kPacked ? bytes & 0xffffu : bytes & 0xffu);
-            if (m1 < rows_left && n1 < cols_left) {
-              store_one(q + int64_t(m1) * ld_q + int64_t(n1) * kWidth, kPacked ? bytes >> 16 : (bytes >> 8) & 0xffu);
-            }
+            if (m < rows_left && n < cols_left) store_one(dst, bytes & 0xffffu);
+            if (m1 < rows_left && n1 < cols_left) store_one(q + int64_t(m1) * ld_q + int64_t(n1) * kWidth, bytes >> 16);
           }
         }
       }

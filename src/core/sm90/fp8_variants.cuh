@@ -342,15 +342,16 @@ template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
 // so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
     : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf<false>> {};
-// The fused backward's tree with dpre's 1 x 128 e4m3 copy (the up projection's input-gradient
-// operand) written by the epilogue too, where the call asks for it (ctx.d_fp8; gated activations
-// only, validate.cpp: the one-value-per-column path of Sm90QuantizeRows wrote wrong bytes in its
-// first test and is not enabled).
+// The fused backward's tree with, for the gated activations, dpre's 1 x 128 e4m3 copy (the up
+// projection's input-gradient operand) written by the epilogue too where the call asks for it
+// (ctx.d_fp8); the non-gated kernels keep the bf16 tree (validate.cpp refuses the copy for them).
+template <class Activation, bool = Activation::kGated>
+struct Fp8ActBackwardEpilogue : ActBackwardEpilogue<Activation> {};
 template <class Activation>
-struct Fp8ActBackwardEpilogue : ActBackwardEpilogue<Activation> {
+struct Fp8ActBackwardEpilogue<Activation, true> : ActBackwardEpilogue<Activation> {
   using Base = ActBackwardEpilogue<Activation>;
   template <class TileShape, class ElementD, class EpiDesc>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90QuantizeRows<Activation::kGated, typename EpiDesc::EpilogueTile>,
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<Sm90QuantizeRows<typename EpiDesc::EpilogueTile>,
                                                   typename Base::template Tree<TileShape, ElementD, EpiDesc>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
