@@ -196,14 +196,16 @@ def role_fns(t: dict, offs, cu, onehot, dy, act: str, tuned: bool) -> dict:
                                  tuned=tuned)[1]),
         "down_fprop": (lambda: ops.grouped_mm(h, wd, offs, bd),
                        lambda: Q.gemm(h, wd, bias=bd32, cu_seqlens_m=cu, tuned=tuned)),
+        # ours: the up projection's bias gradient from this kernel's epilogue where there is one
         "down_dgrad_act": (
             lambda: ops.grouped_mm_act_bwd(dy, wd.mT, offs, pre, None, None, None, False, act,
-                                           ALPHA, limit)[0],
+                                           ALPHA, limit, "interleaved", bu is not None)[0],
             lambda: Q.gemm_dgated(dy, wd.mT, pre, activation=act, cu_seqlens_m=cu, **kw)[0]),
         "up_dgrad": (lambda: ops.grouped_mm(dpre, wu.mT, offs),
                      lambda: Q.gemm(dpre, wu.mT, cu_seqlens_m=cu, **kw)),
-        # ours: the bias gradient fused into the weight-gradient GEMM where there is a bias
-        "up_wgrad": (lambda: ops.grouped_mm_wgrad(x, dpre, offs, bf16, bu is not None)[0],
+        # ours: b_down's gradient fused into the weight-gradient GEMM where there is a bias
+        # (b_up's comes from down_dgrad_act's epilogue)
+        "up_wgrad": (lambda: ops.grouped_mm_wgrad(x, dpre, offs, bf16, False)[0],
                      lambda: quack_wgrad(x, dpre)[0]),
         "down_wgrad": (lambda: ops.grouped_mm_wgrad(h, dy, offs, bf16, bu is not None)[0],
                        lambda: quack_wgrad(h, dy)[0]),
@@ -217,6 +219,8 @@ def caveats(act: str, biased: bool, tuned: bool, role: str | None, clamped=None)
                                       if clamped == 0 else f" (ours clamps {clamped:.1e} of pre)"))
     if biased and role in (None, "up_wgrad", "down_wgrad"):
         c.append("quack: +db by one-hot GEMM")
+    if biased and role == "down_dgrad_act":
+        c.append("ours: +db_up from its epilogue")
     return "; ".join(c + ["quack autotuned" if tuned else "quack untuned default"])
 
 

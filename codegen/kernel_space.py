@@ -99,18 +99,18 @@ VARIANTS = (
     Variant("RaggedK_OutF32", "ragged_k_f32", "ragged_k (fp32 output)", "k", "unfused",
             "ragged_k", "f32"),
     Variant("ActFwd_BRow", "act_forward", "act_forward (weight n-contiguous)", "m", "forward",
-            "act", "bf16"),
+            "act_forward", "bf16"),
     Variant("ActFwd_BCol", "act_forward_bcol", "act_forward (weight k-contiguous)", "m", "forward",
-            "act", "bf16"),
+            "act_forward", "bf16"),
     Variant("ActFwdGather_BRow", "act_forward_gather",
             "act_forward (gathered rows, weight n-contiguous)", "m", "forward", "gather", "bf16"),
     Variant("ActBwd_BRow", "act_backward", "act_backward (weight n-contiguous)", "m", "backward",
-            "act", "bf16"),
+            "act_backward", "bf16"),
     Variant("ActBwd_BCol", "act_backward_bcol", "act_backward (weight k-contiguous)", "m",
-            "backward", "act", "bf16"),
+            "backward", "act_backward", "bf16"),
     Variant("ActBwdHalves_BRow", "act_backward_halves",
             "act_backward (dpre as [dgate | dlinear] halves, weight n-contiguous)", "m",
-            "backward_gated", "act", "bf16"),
+            "backward_gated", "act_backward", "bf16"),
     # FP8 (docs/fp8.md): e4m3 operands with fp32 block scales applied per 128-long k-block,
     # A by 1 x 128 blocks, B by 128 x 128; both k-major (FP8 tensor cores read no other).
     Variant("Fp8RaggedM", "fp8_ragged_m",
@@ -136,7 +136,8 @@ VARIANTS = (
 # Per arch, the header (under src/core) that defines each variant family's traits.
 HEADERS = {
     "sm90": {"ragged_m": "sm90/ragged_m_variants.cuh", "ragged_k": "sm90/ragged_k_variants.cuh",
-             "act": "sm90/act_variants.cuh",
+             "act_forward": "sm90/act_forward_variants.cuh",
+             "act_backward": "sm90/act_backward_variants.cuh",
              "gather": "sm90/gather_variants.cuh", "fp8": "sm90/fp8_variants.cuh"},
 }
 

@@ -59,6 +59,10 @@ struct ActForwardArgs {
 //   row_scale_grad[r] = sum_j act(pre)[r, j] * s[e] * u[r, j] + sum_n dy[r, n] * out_bias[e, n]
 //        (optional fp32 (m,), needs row_scale): the gradient of p when the forward's output
 //        was p * (s * h @ W_down + out_bias); out_bias (E, H) optional. Deterministic.
+//   bias_grad[e, :] = the sum of dpre (as stored, bf16) over group e's rows, in fp32, in
+//        dpre's column order (optional (num_groups, width of dpre) contiguous: the up
+//        projection's bias gradient, from the epilogue's registers instead of a pass over
+//        dpre; 0 for an empty group). Deterministic.
 // gemm.bias must be null. Padding rows get zeros in every output.
 struct ActBackwardArgs {
   RaggedMGemmArgs gemm;
@@ -69,6 +73,7 @@ struct ActBackwardArgs {
   float* row_scale_grad = nullptr;
   const void* out_bias = nullptr;  // bf16 (num_groups, gemm.k), row stride out_bias_stride
   int64_t out_bias_stride = 0;
+  float* bias_grad = nullptr;  // fp32 (num_groups, width of dpre), or null
   ActivationOptions act;
   // The layout dpre is written in (pre is always interleaved). kHalves ([dgate | dlinear],
   // the up-projection weight's own layout, so its gradients need no repack) needs a gated

@@ -130,13 +130,16 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_scales(op, "prob", prob, m, "one per routed row", "x", x)
     check_scales(op, "scale_up", scale_up, num_experts, "one per expert", "x", x)
     check_scales(op, "scale_down", scale_down, num_experts, "one per expert", "x", x)
+    up_bias = None  # b_up's gradient from the fused backward's epilogue (DownProj's up_bias)
     if activation == "none":  # h = pre: the down projection keeps h as its "pre"
         h = pre = ScaledMM.apply(x, w_up, offs, b_up, scale_up)
     else:
-        h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows)
+        up_bias = b_up
+        h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows,
+                              up_bias is not None)
     # checked behind the up projection's launch, whose GPU time hides the host's work
     combine = _checked_combine(op, combine, m, hidden, x)
-    return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine)
+    return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine, up_bias)
 
 
 def _checked_combine(op, combine, m, hidden, x):

@@ -61,14 +61,15 @@ def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None):
                               act.gate_linear)
 
 
-def _act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act: Act):
-    """(dpre, prob * h, dprob) of the fused down-projection input gradient."""
+def _act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act: Act, bias_grad=False):
+    """(dpre, prob * h, dprob, db) of the fused down-projection input gradient (db: dpre's
+    column sums per expert, the up projection's bias gradient, when bias_grad)."""
     if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias,
                                                      prob_grad, act.name, act.alpha, act.limit,
-                                                     act.gate_linear)
+                                                     act.gate_linear, bias_grad)
     return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad, act.name,
-                                  act.alpha, act.limit, act.gate_linear)
+                                  act.alpha, act.limit, act.gate_linear, bias_grad)
 
 
 def _column_sum(src, offs, row_scale=None):
@@ -159,14 +160,19 @@ class UpProj(torch.autograd.Function):
     Gathered (rows given, the gathered op; gathered_ok): x holds the tokens and routed row
     r is x[rows[r]]. The backward sums each token's rows of the input gradient, through
     token_rows (T, k) when given (deterministic, cute_moe.permute's gather-sum), else with
-    index_add_; it gathers x[rows] once more for the weight gradient."""
+    index_add_; it gathers x[rows] once more for the weight gradient.
+    bias_grad_elsewhere: the bias's gradient comes from DownProj (its fused backward sums
+    dpre's columns in its epilogue, given up_bias) and this backward returns none; only
+    where h is not differentiable (pre's gradient is then DownProj's dpre, whole)."""
 
     @staticmethod
-    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None):
+    def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None,
+                bias_grad_elsewhere=False):
         h, pre = _act_fwd(x, w, offs, bias, scale, act, rows)
         ctx.set_materialize_grads(False)
         if not h_differentiable:
             ctx.mark_non_differentiable(h)
+        ctx.bias_grad_elsewhere = bias_grad_elsewhere and not h_differentiable
         ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
         # pre is NOT kept here: in the fused route DownProj keeps it and frees it after its
@@ -188,9 +194,10 @@ class UpProj(torch.autograd.Function):
             d = as_gate_linear(act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit), act.gate_linear)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
-            return (None,) * 9
+            return (None,) * 10
         dpre = dpre.contiguous()
         need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
+        need_b = need_b and not ctx.bias_grad_elsewhere
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
         if rows is not None:
             if dx is not None and token_rows is not None:
@@ -201,7 +208,7 @@ class UpProj(torch.autograd.Function):
             x = torch.ops.cute_moe.gather_rows(x, rows, None) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
-        return dx, dw, None, db, dscale, None, None, None, None
+        return dx, dw, None, db, dscale, None, None, None, None, None
 
 
 class DownProj(torch.autograd.Function):
@@ -213,14 +220,18 @@ class DownProj(torch.autograd.Function):
     combine (row_token (M,), token_rows (T, k)): returns the tokens' sums of their rows,
     out_t[t] = sum_j out[token_rows[t, j]] (an MoE layer's combine), so that the backward
     gathers the rows' gradient and the bias-side gradients (db, prob's bias term) in one
-    pass (_output_grads)."""
+    pass (_output_grads).
+    up_bias (the up projection's bias, read for its dtype only): this backward returns its
+    gradient, dpre's column sums from the fused kernel's epilogue (UpProj then returns none:
+    its bias_grad_elsewhere)."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, bias, pre, prob, scale, act, combine=None):
+    def forward(ctx, h, w, offs, bias, pre, prob, scale, act, combine=None, up_bias=None):
         out = _scaled_mm(h, w, offs, bias, scale, prob)
         _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
         ctx.act = act
         ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.up_bias_dtype = up_bias.dtype if up_bias is not None else None
         keep_pre = need_w or need_pre or need_prob or need_scale or (need_b and prob is not None)
         row_token = None
         if combine is not None:
@@ -234,6 +245,7 @@ class DownProj(torch.autograd.Function):
     def backward(ctx, dout):
         pre, w, offs, bias, prob, scale, row_token = ctx.saved_tensors
         _, need_w, _, need_b, need_pre, need_prob, need_scale = ctx.needs_input_grad[:7]
+        need_up_b = len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]  # up_bias given
         act = ctx.act
         # The bias side from the pass that gathers dy (combine) or from one pass of its own:
         # db where prob scales the rows (else the weight-gradient op sums dy), and the bias
@@ -241,14 +253,15 @@ class DownProj(torch.autograd.Function):
         dy, db, bias_dot = _output_grads(dout.contiguous(), offs, prob, bias,
                                          need_b and (prob is not None or row_token is not None),
                                          row_token)
-        dpre = hp = dprob = None
+        dpre = hp = dprob = db_up = None
         if act.name == "none" and prob is None:  # a plain input gradient; h is pre
             if need_pre:
                 dpre = _scaled_mm(dy, w.transpose(-2, -1), offs, None, scale)
             hp = pre
         elif need_pre or need_prob:
-            dpre, hp, dprob = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, None,
-                                       need_prob, act)
+            dpre, hp, dprob, db_up = _act_bwd(dy, w.transpose(-2, -1), offs, pre, scale, prob, None,
+                                              need_prob, act, need_up_b)
+            db_up = db_up.to(ctx.up_bias_dtype) if need_up_b else None
             if not need_prob:
                 dprob = None
             elif bias_dot is not None:
@@ -262,7 +275,7 @@ class DownProj(torch.autograd.Function):
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         if not need_pre:
             dpre = None
-        return None, dw, None, db, dpre, dprob, dscale, None, None
+        return None, dw, None, db, dpre, dprob, dscale, None, None, db_up
 
 
 class ScaledMM(torch.autograd.Function):

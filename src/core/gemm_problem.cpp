@@ -98,6 +98,7 @@ GemmProblem lower(const ActBackwardArgs& a) {
   p.variant = halves ? KernelVariant::ActBwdHalves_BRow
               : p.b_k_major ? KernelVariant::ActBwd_BCol : KernelVariant::ActBwd_BRow;
   add_act_backward(p, a.act, a.pre, a.ldpre, a.dpre, a.lddpre, a.row_scale_grad != nullptr);
+  p.bias_grad = a.bias_grad;
   if (halves) {
     p.d = {a.dpre, a.lddpre, Elem::kBF16};
     p.aux2 = {static_cast<const char*>(a.dpre) + a.gemm.n * elem_bytes(Elem::kBF16), a.lddpre, Elem::kBF16};

@@ -78,6 +78,7 @@ struct GemmProblem {
   const float* group_scale = nullptr;  // one per group (null: 1)
   const float* row_scale = nullptr;    // one per row of D (null: 1)
   bool row_scale_grad = false;         // act backward: per-row, per-tile-column partial sums
+  float* bias_grad = nullptr;          // act backward: dpre's column sums per group (fp32)
   // FP8 ragged K (Fp8RaggedK): A and B are the transposed, group-blocked operands a_t (k, 128
   // blocks; 128 x 1 scales) and b_t (n, 128 blocks; 128 x 128 scales), blocks =
   // fp8_group_row_blocks(m, groups); group g reduces over its ceil(rows_g / 128) whole blocks,

@@ -181,6 +181,28 @@ __global__ void row_dot_reduce_kernel(int64_t m, int64_t slices, const float* do
   row_dot[r] = acc;
 }
 
+// Pass 2 over tile partials: one block per (group, kThreads columns), one column a thread;
+// a slot's rows loaded together, then added in order.
+__global__ void __launch_bounds__(kThreads) tile_column_sum_kernel(TileColumnSumArgs a) {
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int32_t g = blockIdx.x;
+  const GroupRows rows = group_rows(a.offs, g);
+  require_valid_rows(rows, a.m, g, "tile_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
+  if (col >= a.width) return;
+  constexpr int kMaxRows = kTileColumnSumWarps;
+  const int64_t tiles = rows.count() > 0 ? (rows.count() + kColumnSumChunkRows - 1) / kColumnSumChunkRows : 0;
+  float acc = 0.0f;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float* p = a.partial + tile_column_sum_slot(rows.begin, t, g) * a.rows_per_slot * a.ld + col;
+    float v[kMaxRows];
+#pragma unroll
+    for (int w = 0; w < kMaxRows; ++w) v[w] = w < a.rows_per_slot ? __ldg(p + w * a.ld) : 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMaxRows; ++w) acc += v[w];
+  }
+  a.out[static_cast<int64_t>(g) * a.width + col] = acc;
+}
+
 template <bool kGather, bool kRowDot>
 void launch_partials(const Pass& p, int64_t chunks, unsigned col_blocks, cudaStream_t stream) {
   column_sum_partials_kernel<kGather, kRowDot>
@@ -224,6 +246,14 @@ cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspac
   constexpr int kRowThreads = 256;
   row_dot_reduce_kernel<<<static_cast<unsigned>((a.m + kRowThreads - 1) / kRowThreads), kRowThreads, 0, stream>>>(
       a.m, row_dot_slices(a.n), dot_partial, a.row_dot);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tile_column_sum(const TileColumnSumArgs& a, cudaStream_t stream) {
+  if (a.num_groups == 0 || a.width == 0) return cudaSuccess;
+  if (a.rows_per_slot < 1 || a.rows_per_slot > kTileColumnSumWarps) return cudaErrorInvalidValue;
+  const unsigned col_blocks = static_cast<unsigned>((a.width + kThreads - 1) / kThreads);
+  tile_column_sum_kernel<<<dim3(static_cast<unsigned>(a.num_groups), col_blocks), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -47,4 +47,32 @@ inline size_t column_sum_workspace_bytes(int64_t m, int64_t n, int32_t num_group
 // gathered), and row_dot[r] = row_r . bias[group(r)] when given.
 cudaError_t launch_group_column_sum(const GroupColumnSumArgs& args, float* workspace, cudaStream_t stream);
 
+// Partial rows per slot of the fused epilogues' column sums (sm90/tile_column_sums.cuh): one
+// per warp of the two consumer warpgroups; and the partial rows of m rows in `groups` groups.
+constexpr int32_t kTileColumnSumWarps = 8;
+CUTE_MOE_HOST_DEVICE int64_t tile_column_sum_rows(int64_t m, int32_t groups) {
+  return (column_sum_chunks(m) + groups) * kTileColumnSumWarps;
+}
+// The slot of tile t (rows begin + 128 t ..) of the group starting at row `begin`: unique,
+// as column_sum_slot, since the tile's first row lies in chunk (begin + 128 t) / 128.
+CUTE_MOE_HOST_DEVICE int64_t tile_column_sum_slot(int64_t begin, int64_t tile, int32_t group) {
+  return column_sum_slot((begin + tile * kColumnSumChunkRows) / kColumnSumChunkRows, group);
+}
+
+// Pass 2 alone, over partials a fused epilogue wrote by tile (sm90/tile_column_sums.cuh):
+// group g's tiles t < ceil(rows_g / 128) hold rows_per_slot partial rows each at slot
+// floor(begin_g / 128) + g + t; out[g, :] = their sum, tiles and rows in order (0 for an
+// empty group).
+struct TileColumnSumArgs {
+  const float* partial = nullptr;  // (slots * rows_per_slot, width), rows ld floats apart
+  int64_t ld = 0;
+  int32_t rows_per_slot = 0;
+  int64_t width = 0;
+  int64_t m = 0;                   // rows of the GEMM the tiles cover
+  const int32_t* offs = nullptr;   // device: cumulative end rows per group
+  int32_t num_groups = 0;
+  float* out = nullptr;            // fp32 (num_groups, width) contiguous
+};
+cudaError_t launch_tile_column_sum(const TileColumnSumArgs& args, cudaStream_t stream);
+
 }  // namespace cute_moe::detail

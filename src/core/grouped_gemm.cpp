@@ -161,8 +161,22 @@ size_t row_partial_bytes(const detail::GemmProblem& p) {
   const int64_t tiles = row_partial_tiles(p.n, narrowest_tile_n(detail::heuristic_view(p)));
   return static_cast<size_t>(tiles) * static_cast<size_t>(p.m) * sizeof(float);
 }
-size_t scratch_bytes(const ActBackwardArgs&, const detail::GemmProblem& p) { return row_partial_bytes(p); }
-size_t scratch_bytes(const Fp8ActBackwardArgs&, const detail::GemmProblem& p) { return row_partial_bytes(p); }
+// The activation backward's dpre column-sum partials (sm90/tile_column_sums.cuh), after the
+// row-scale-gradient partials: dpre's width (gated: 2n) floats per partial row.
+int64_t dpre_width(const detail::GemmProblem& p) { return p.c.elem == detail::Elem::kBF16Pair ? 2 * p.n : p.n; }
+size_t col_partial_bytes(const detail::GemmProblem& p) {
+  if (p.bias_grad == nullptr) return 0;
+  return static_cast<size_t>(detail::tile_column_sum_rows(p.m, p.num_groups)) * static_cast<size_t>(dpre_width(p)) *
+         sizeof(float);
+}
+float* col_partial(const Plan& plan, void* ws, const detail::GemmProblem& p) {
+  return p.bias_grad == nullptr ? nullptr : plan.scratch(ws) + align_up(row_partial_bytes(p)) / sizeof(float);
+}
+size_t act_backward_scratch_bytes(const detail::GemmProblem& p) {
+  return align_up(row_partial_bytes(p)) + col_partial_bytes(p);
+}
+size_t scratch_bytes(const ActBackwardArgs&, const detail::GemmProblem& p) { return act_backward_scratch_bytes(p); }
+size_t scratch_bytes(const Fp8ActBackwardArgs&, const detail::GemmProblem& p) { return act_backward_scratch_bytes(p); }
 template <typename Args>
 size_t scratch_bytes(const Args&, const detail::GemmProblem&) {
   return 0;
@@ -246,6 +260,8 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.aux = {const_cast<void*>(p.aux.ptr), p.aux.ld, p.aux_cols};
   ctx.aux2 = {const_cast<void*>(p.aux2.ptr), p.aux2.ld, p.aux_cols};
   ctx.d_fp8 = p.d_fp8;
+  ctx.col_partial = col_partial(plan, workspace, p);
+  ctx.col_partial_ld = dpre_width(p);
   ctx.whole.offs = p.offs;  // the epilogues' TMA-stored outputs need it too
   if (p.gather_rows == nullptr) {  // every TMA-loaded variant reads its operands whole
     detail::WholeOperands& w = ctx.whole;
@@ -291,12 +307,26 @@ Result run(const Fp8RaggedKGemmArgs&, const detail::GemmProblem& p, const Plan& 
   return enqueue_gemm(p, plan, ws, stream);
 }
 
-// The activation backward's GEMM, then the row-scale gradient: the epilogue's per-tile
-// partials, reduced (+ dy . out_bias; dy bf16 (m, n)).
+// The activation backward's GEMM, then its reductions of the epilogue's per-tile partials:
+// the bias gradient (dpre's column sums per group) and the row-scale gradient (+ dy .
+// out_bias; dy bf16 (m, n)).
 Result run_act_backward(const char* op, const detail::GemmProblem& p, const Plan& plan, void* ws, cudaStream_t stream,
                         float* row_scale_grad, const void* dy, int64_t lddy, int64_t n, const void* out_bias,
                         int64_t out_bias_stride) {
   Result r = enqueue_gemm(p, plan, ws, stream);
+  if (r.ok() && p.bias_grad != nullptr) {
+    detail::TileColumnSumArgs s;
+    s.partial = col_partial(plan, ws, p);
+    s.ld = dpre_width(p);
+    s.rows_per_slot = detail::kTileColumnSumWarps;
+    s.width = dpre_width(p);
+    s.m = p.m;
+    s.offs = p.offs;
+    s.num_groups = p.num_groups;
+    s.out = p.bias_grad;
+    cudaError_t err = detail::launch_tile_column_sum(s, stream);
+    if (err != cudaSuccess) return cuda_error((std::string(op) + " bias-gradient kernel").c_str(), err);
+  }
   if (!r.ok() || row_scale_grad == nullptr) return r;
   detail::RowScaleGradArgs g;
   g.partial = plan.scratch(ws);

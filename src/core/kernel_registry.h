@@ -122,6 +122,8 @@ struct LaunchContext {
   OutputMatrix aux;             // act forward: h; act backward: p * h
   OutputMatrix aux2;            // act backward, dpre in halves: the dlinear half
   Fp8RowsOutput d_fp8;          // FP8 act backward: dpre's 1 x 128 copy (the up dgrad's operand)
+  float* col_partial = nullptr; // act backward: dpre's column-sum partials (sm90/tile_column_sums.cuh),
+  int64_t col_partial_ld = 0;   //   rows col_partial_ld floats apart; null: none
   BlockScaleStrides scales;     // FP8 variants only
 };
 

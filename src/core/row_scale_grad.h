@@ -1,6 +1,6 @@
 // The gradient of the router probabilities that scaled an expert block's output rows:
 // dp[r] = sum over tile columns t of partial[t, r]  (the fused GLU backward's per-tile
-//         sums of h * s * u, see act_epilogue.cuh)
+//         sums of h * s * u, see act_backward_epilogue.cuh)
 //       + sum_n dy[r, n] * bias[group(r), n]      (when the scaled output had a bias)
 // in a fixed order (deterministic); padding rows (past offs[E-1]) get 0.
 #pragma once

@@ -153,7 +153,8 @@ bool check_act_forward(Checker& c, const ActivationOptions& act, int64_t m, int6
 // The activation backward's rules beyond its GEMM's (act_backward, fp8_act_backward).
 bool check_act_backward(Checker& c, const ActivationOptions& act, int64_t m, int64_t n, int64_t k, const void* bias,
                         const float* row_scale, const void* pre, int64_t ldpre, const void* dpre, int64_t lddpre,
-                        const float* row_scale_grad, const void* out_bias, int64_t out_bias_stride) {
+                        const float* row_scale_grad, const void* out_bias, int64_t out_bias_stride,
+                        const float* bias_grad) {
   c.require(bias == nullptr, "bias must be null (the input gradient has no bias)");
   if (!check_activation(c, act)) return false;
   const bool gated = is_gated(act.activation);
@@ -165,6 +166,7 @@ bool check_act_backward(Checker& c, const ActivationOptions& act, int64_t m, int
             "row_scale_grad needs row_scale (the gradient of a row scale the forward did not apply)");
   c.scalars("row_scale_grad", row_scale_grad);
   c.require(out_bias == nullptr || row_scale_grad != nullptr, "out_bias is only read for row_scale_grad");
+  c.scalars("bias_grad", bias_grad);
   c.pointer("out_bias", out_bias, false);
   if (out_bias != nullptr) {
     c.require(out_bias_stride >= k && out_bias_stride % 8 == 0, "out_bias_stride must be a multiple of 8 elements and >= k=",
@@ -199,7 +201,7 @@ Result validate(const ActBackwardArgs& a) {
   if (!r.ok()) return r;
   Checker c("act_backward");
   if (!check_act_backward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.k, a.gemm.bias, a.gemm.row_scale, a.pre, a.ldpre,
-                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride)) {
+                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride, a.bias_grad)) {
     return c.result();
   }
   const bool gated = is_gated(a.act.activation);
@@ -261,7 +263,7 @@ Result validate(const Fp8ActBackwardArgs& a) {
   if (!r.ok()) return r;
   Checker c("fp8_act_backward");
   if (!check_act_backward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.k, a.gemm.bias, a.gemm.row_scale, a.pre, a.ldpre,
-                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride)) {
+                          a.dpre, a.lddpre, a.row_scale_grad, a.out_bias, a.out_bias_stride, nullptr)) {
     return c.result();
   }
   if (a.out_bias != nullptr) {  // its term of the row-scale gradient reads the bf16 dy

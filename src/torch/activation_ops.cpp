@@ -115,22 +115,25 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_gathered_cuda(
   return {h, pre};
 }
 
-// (dpre, prob * h, dprob); w is the matrix multiplied, (E, H, I): the down-projection
-// weight's transpose. dprob is empty unless prob_grad.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
+// (dpre, prob * h, dprob, db); w is the matrix multiplied, (E, H, I): the down-projection
+// weight's transpose. dprob is empty unless prob_grad; db (E, width of dpre) fp32, dpre's
+// column sums per group (the up projection's bias gradient), is empty unless bias_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
     const at::Tensor& dy, const at::Tensor& w, const at::Tensor& offs, const at::Tensor& pre,
     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& prob,
     const std::optional<at::Tensor>& out_bias, bool prob_grad, const std::string& activation, double alpha,
-    std::optional<double> limit, const std::string& gate_linear) {
+    std::optional<double> limit, const std::string& gate_linear, bool bias_grad) {
   const ActivationOptions opts = activation_options(activation, alpha, limit);
   const GateLinear layout = gate_linear_of(gate_linear, opts);
   if (layout == GateLinear::kHalves && w.stride(2) != 1) {
     // halves are written in place for an n-contiguous W only; else interleaved, then copied
-    auto [dpre, h, dprob] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                                                    alpha, limit, "interleaved");
+    auto [dpre, h, dprob, db] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
+                                                        activation, alpha, limit, "interleaved", bias_grad);
     const c10::cuda::CUDAGuard guard(dy.device());
-    at::Tensor halves = dpre.view({dpre.size(0), dpre.size(1) / 2, 2}).transpose(1, 2).reshape(dpre.sizes());
-    return {halves, h, dprob};
+    auto to_halves = [](const at::Tensor& t) {
+      return t.view({t.size(0), t.size(1) / 2, 2}).transpose(1, 2).reshape(t.sizes());
+    };
+    return {to_halves(dpre), h, dprob, bias_grad ? to_halves(db) : db};
   }
   const int64_t pre_cols = is_gated(opts.activation) ? 2 * w.size(2) : w.size(2);
   check_ragged_m_operands(dy, w, offs);
@@ -140,16 +143,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_act_bwd_cuda(
   at::Tensor h = at::empty({dy.size(0), w.size(2)}, dy.options());
   at::Tensor dpre = at::empty({dy.size(0), pre_cols}, dy.options());
   at::Tensor dprob = at::empty({prob_grad ? dy.size(0) : 0}, dy.options().dtype(at::kFloat));
+  at::Tensor db = at::empty({bias_grad ? w.size(0) : 0, bias_grad ? pre_cols : 0}, dy.options().dtype(at::kFloat));
+  if (dy.size(0) == 0) db.zero_();  // no rows: no launch, and every group's sum is 0
   ActBackwardArgs a;
   a.gemm = ragged_m_args(dy, w, offs, std::nullopt, h);
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", dy);
   a.gemm.row_scale = optional_scales(prob, "prob", dy.size(0), "M", dy);
   set_act_backward_tensors(a, pre, dpre, dprob, prob_grad, out_bias);
+  if (bias_grad) a.bias_grad = db.data_ptr<float>();
   a.act = opts;
   a.dpre_layout = layout;
-  if (a.gemm.m == 0) return {dpre, h, dprob};
+  if (a.gemm.m == 0) return {dpre, h, dprob, db};
   enqueue_planned(act_backward, a, dy);
-  return {dpre, h, dprob};
+  return {dpre, h, dprob, db};
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, const at::Tensor& w,
@@ -162,8 +168,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, c
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& w,
                                                               const at::Tensor& offs, const at::Tensor& pre,
                                                               double alpha, std::optional<double> limit) {
-  auto [dpre, h, dprob] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, std::nullopt, std::nullopt, std::nullopt, false,
-                                                  "swiglu_oai", alpha, limit, "interleaved");
+  auto [dpre, h, dprob, db] = grouped_mm_act_bwd_cuda(dy, w, offs, pre, std::nullopt, std::nullopt, std::nullopt,
+                                                      false, "swiglu_oai", alpha, limit, "interleaved", false);
   return {dpre, h};
 }
 
@@ -192,7 +198,8 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
             .c_str());
   m.def(("grouped_mm_act_bwd(Tensor dy, Tensor w, Tensor offs, Tensor pre, Tensor? scale=None, Tensor? prob=None, "
          "Tensor? out_bias=None, bool prob_grad=False, " +
-         kActDefaults + ", str gate_linear=\"interleaved\") -> (Tensor, Tensor, Tensor)")
+         kActDefaults + ", str gate_linear=\"interleaved\", bool bias_grad=False) -> (Tensor, Tensor, Tensor, "
+         "Tensor)")
             .c_str());
 }
 

@@ -195,6 +195,26 @@ TEST(ColumnSumSlots, AreUniqueAndInBoundsOnRandomRoutings) {
   }
 }
 
+// The fused epilogues' slots (sm90/tile_column_sums.cuh): one per 128-row tile of a group,
+// the tiles starting at the group's first row, so they straddle the chunks.
+TEST(ColumnSumSlots, TileSlotsAreUniqueAndInBoundsOnRandomRoutings) {
+  std::mt19937 rng(4321);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int groups = 1 + static_cast<int>(rng() % 300);
+    const auto offs = random_offsets(rng, groups, static_cast<int>(1 + rng() % 700), 0.3);
+    const int64_t m = offs.back() + static_cast<int64_t>(rng() % 50);
+    std::set<int64_t> slots;
+    for (int32_t g = 0; g < groups; ++g) {
+      const GroupRows r = group_rows(offs.data(), g);
+      for (int64_t t = 0; t * kColumnSumChunkRows < r.count(); ++t) {
+        const int64_t slot = tile_column_sum_slot(r.begin, t, g);
+        EXPECT_TRUE(slots.insert(slot).second) << "slot collision at group " << g << " tile " << t;
+        EXPECT_LT(slot * kTileColumnSumWarps, tile_column_sum_rows(m, groups));
+      }
+    }
+  }
+}
+
 TEST(ColumnSumSlots, WorkspaceCoversEverySlot) {
   EXPECT_EQ(column_sum_workspace_bytes(98304, 2880, 32), size_t(768 + 32) * 2880 * 4);
   EXPECT_EQ(column_sum_workspace_bytes(0, 64, 4), size_t(4) * 64 * 4);

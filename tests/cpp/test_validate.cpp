@@ -147,6 +147,11 @@ TEST(ValidateActivation, ForwardAndBackwardRules) {
   b.gemm.bias_stride_group = b.gemm.n;
   expect_rejected(b, "bias must be null");
   b.gemm.bias = nullptr;
+  b.bias_grad = reinterpret_cast<float*>(0xA0002);
+  expect_rejected(b, "bias_grad must be 4-byte aligned");
+  b.bias_grad = reinterpret_cast<float*>(0xA0000);
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b.bias_grad = nullptr;
   b.ldpre = b.gemm.n;
   expect_rejected(b, "ldpre=2880");
   b.ldpre = 2 * b.gemm.n;

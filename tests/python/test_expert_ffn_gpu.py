@@ -59,18 +59,22 @@ def test_kernels_against_their_references(activation):
     assert torch.all(pre[used:] == 0) and torch.all(h[used:] == 0)
     dy = torch.randn(x.shape[0], x.shape[1], device="cuda").to(BF16)
     args = (dy, w_down.transpose(-2, -1), offs, pre, s_down, prob, b_down, True, activation)
-    dpre, hp, dprob = ops.grouped_mm_act_bwd(*args)
-    dpre_ref, hp_ref, dprob_ref = ref.grouped_mm_act_bwd_ref(*args)
+    dpre, hp, dprob, _ = ops.grouped_mm_act_bwd(*args)
+    dpre_ref, hp_ref, dprob_ref, _ = ref.grouped_mm_act_bwd_ref(*args)
     testing.assert_rel_close(dpre, dpre_ref.float(), "dpre")
     testing.assert_rel_close(hp, hp_ref.float(), "prob * h")
     testing.assert_rel_close(dprob, dprob_ref, "dprob", torch.bfloat16)
     assert torch.all(dpre[used:] == 0) and torch.all(hp[used:] == 0) and torch.all(dprob[used:] == 0)
     # Without a probability the backward's h is the forward's, bit for bit.
-    _, h_again, _ = ops.grouped_mm_act_bwd(dy, w_down.transpose(-2, -1), offs, pre, None, None,
-                                           None, False, activation)
+    _, h_again, _, _ = ops.grouped_mm_act_bwd(dy, w_down.transpose(-2, -1), offs, pre, None, None,
+                                              None, False, activation)
     assert torch.equal(h_again, h)
-    # dprob has a fixed summation order.
+    # dprob and db (the up projection's bias gradient, from the epilogue) have a fixed
+    # summation order.
     assert torch.equal(ops.grouped_mm_act_bwd(*args)[2], dprob)
+    db = ops.grouped_mm_act_bwd(*args, 1.702, None, "interleaved", True)[3]
+    testing.assert_rel_close(db, ref.grouped_bias_grad_ref(dpre, offs), "db")
+    assert torch.equal(ops.grouped_mm_act_bwd(*args, 1.702, None, "interleaved", True)[3], db)
 
 
 def test_scaled_down_projection_kernel():
@@ -133,10 +137,13 @@ def test_halves_kernels_give_the_interleaved_bits(activation):
     dy = torch.randn(x.shape[0], x.shape[1], device="cuda").to(BF16)
     args = (dy, w_down_t, offs, pre, leaves["scale_down"].detach(), prob,
             leaves["b_down"].detach(), True, activation, 1.702, None)
-    dpre, hp, dprob = ops.grouped_mm_act_bwd(*args)
-    dpre2, hp2, dprob2 = ops.grouped_mm_act_bwd(*args, "halves")
+    dpre, hp, dprob, db = ops.grouped_mm_act_bwd(*args, "interleaved", True)
+    dpre2, hp2, dprob2, db2 = ops.grouped_mm_act_bwd(*args, "halves", True)
     assert torch.equal(dpre2, interleaved_to_halves(dpre, -1))
     assert torch.equal(hp2, hp) and torch.equal(dprob2, dprob)
+    # the bias gradient in the weight's layout, the same sums (the same values in the same
+    # order: only the columns move)
+    assert torch.equal(db2, interleaved_to_halves(db, -1))
 
 
 def test_halves_output_poisoned_first():

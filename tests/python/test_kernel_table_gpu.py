@@ -156,12 +156,18 @@ def _run(call, act, g, offs, limit):
         scale = torch.rand(E, device="cuda", generator=g) + 0.5
         prob = torch.rand(M + PAD, device="cuda", generator=g)
         out_bias = _randn(g, E, K, s=0.5)
-        dpre, hp, dprob = ops.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA,
-                                                 limit, layout)
+        got = ops.grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA, limit, layout,
+                                     True)
         want = ref.grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, True, act, ALPHA, limit,
-                                          layout)
-        for name, a, b in zip(("dpre", "hp", "dprob"), (dpre, hp, dprob), want):
+                                          layout, True)
+        for name, a, b in zip(("dpre", "hp", "dprob", "db"), got, want):
             _check(name, a, b)
+        # db from the epilogue's registers: the column sums of the dpre it stored (the order
+        # of the fp32 additions aside), an empty expert's exactly 0
+        dpre, db = got[0], got[3]
+        torch.testing.assert_close(db, ref.grouped_bias_grad_ref(dpre, offs), rtol=1e-5, atol=1e-5 * float(
+            dpre.float().abs().sum(0).max()))
+        assert torch.all(db[SIZES.index(0)] == 0)
 
 
 # Limit-free twins ("<act>_nolimit": the clamps compiled out) run for calls of <act> without a

@@ -157,20 +157,21 @@ def _cpu_grouped_mm_act_gathered(x, rows, w, offs, bias, scale, activation, alph
 
 
 def _fake_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                             alpha, limit, gate_linear):
+                             alpha, limit, gate_linear, bias_grad):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
                                   activation, alpha, limit, gate_linear=gate_linear)
     m = dy.shape[0]
     return (pre.new_empty(pre.shape), pre.new_empty(m, w.shape[2]),
-            dy.new_empty(m if prob_grad else 0, dtype=torch.float32))
+            dy.new_empty(m if prob_grad else 0, dtype=torch.float32),
+            dy.new_empty((w.shape[0], pre.shape[1]) if bias_grad else (0, 0), dtype=torch.float32))
 
 
 def _cpu_grouped_mm_act_bwd(dy, w, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                            alpha, limit, gate_linear):
+                            alpha, limit, gate_linear, bias_grad):
     check_grouped_mm_act_bwd_args(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
                                   activation, alpha, limit, gate_linear=gate_linear)
     return grouped_mm_act_bwd_ref(dy, w, offs, pre, scale, prob, out_bias, prob_grad,
-                                  activation, alpha, limit, gate_linear)
+                                  activation, alpha, limit, gate_linear, bias_grad)
 
 
 def _fake_grouped_mm_swiglu(x, w, offs, bias, alpha, limit):

@@ -9,7 +9,7 @@ from ..activation_args import default_limit
 from ..activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from ..repack import halves_to_interleaved, interleaved_to_halves
 from .activation import act_bwd_ref, act_ref, swiglu_oai_bwd_ref, swiglu_oai_ref
-from .gemm import grouped_mm_ref, grouped_mm_scaled_ref
+from .gemm import grouped_bias_grad_ref, grouped_mm_ref, grouped_mm_scaled_ref
 from .groups import per_row, zero_padding
 
 __all__ = ["GATE_LINEAR", "as_interleaved", "as_gate_linear", "grouped_mm_swiglu_ref",
@@ -84,16 +84,20 @@ def grouped_mm_act_bwd_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
                            prob: torch.Tensor | None = None,
                            out_bias: torch.Tensor | None = None, prob_grad: bool = False,
                            activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
-                           limit: float | None = None, gate_linear: str = "interleaved"):
+                           limit: float | None = None, gate_linear: str = "interleaved",
+                           bias_grad: bool = False):
     """cute_moe::grouped_mm_act_bwd. With u = dy[rows_e] @ w[e] (float32, w = W_down[e]^T),
     s = scale[e], p = prob[r] (1 where absent): dh = p * s * u, dpre = round(act'(pre) dh),
-    hp = round(p * act(pre)), and with prob_grad dprob = sum_j act(pre) * s * u + sum_n
-    dy * out_bias[e] (float32). Padding rows zero. Returns (dpre, hp, dprob) (dprob empty
-    without prob_grad). pre is interleaved; gate_linear "halves" returns dpre as
-    [dgate | dlinear]."""
+    hp = round(p * act(pre)), with prob_grad dprob = sum_j act(pre) * s * u + sum_n
+    dy * out_bias[e] (float32), and with bias_grad db[e] = the sum of dpre over rows_e
+    (float32, (E, width of dpre)). Padding rows zero. Returns (dpre, hp, dprob, db) (dprob,
+    db empty without prob_grad, bias_grad). pre is interleaved; gate_linear "halves" returns
+    dpre (and db) as [dgate | dlinear]."""
     u = grouped_mm_ref(dy, w, offs, out_dtype=torch.float32)
-    return act_bwd_epilogue_ref(u, dy, offs, pre, scale, prob, out_bias, prob_grad, activation,
-                                alpha, limit, gate_linear)
+    dpre, hp, dprob = act_bwd_epilogue_ref(u, dy, offs, pre, scale, prob, out_bias, prob_grad,
+                                           activation, alpha, limit, gate_linear)
+    db = grouped_bias_grad_ref(dpre, offs) if bias_grad else u.new_empty(0, 0)
+    return dpre, hp, dprob, db
 
 
 def act_bwd_epilogue_ref(u: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, pre: torch.Tensor,

@@ -23,7 +23,8 @@
 
 #include <cutlass/detail/blockwise_scale_layout.hpp>
 
-#include "act_variants.cuh"  // ActForwardEpilogue, ActBackwardEpilogue
+#include "act_backward_variants.cuh"  // ActBackwardEpilogue
+#include "act_forward_variants.cuh"   // ActForwardEpilogue
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
 #include "fp8_rows_epilogue.cuh"  // Sm90QuantizeRows
@@ -337,9 +338,9 @@ struct Fp8BlockScaledMainloopOf {
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
     : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, Fp8BlockScaledMainloopOf<false>> {};
-// The bf16 kernels' fused activation epilogues (act_variants.cuh) after the FP8 mainloop. A
-// gated W's k-contiguous copy holds the interleaved (gate, linear) columns as adjacent rows,
-// so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
+// The bf16 kernels' fused activation epilogues (act_forward_variants.cuh,
+// act_backward_variants.cuh) after the FP8 mainloop. A gated W's k-contiguous copy holds the
+// interleaved (gate, linear) columns as adjacent rows, so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
     : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf<false>> {};
 // The fused backward's tree with, for the gated activations, dpre's 1 x 128 e4m3 copy (the up

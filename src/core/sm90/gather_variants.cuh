@@ -4,7 +4,7 @@
 #pragma once
 
 #include "gather_mainloop.cuh"
-#include "act_variants.cuh"
+#include "act_forward_variants.cuh"
 
 namespace cute_moe::detail {
 

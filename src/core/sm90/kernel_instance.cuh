@@ -3,8 +3,9 @@
 // Included, through the header of a variant family, only by the generated one-row
 // translation units (build/generated/kernels/*.cu, codegen/generate.py), so each
 // instantiation compiles on its own and in parallel. Each family's traits and epilogue live
-// in its own header (ragged_m_variants.cuh, ragged_k_variants.cuh, act_variants.cuh,
-// gather_variants.cuh), so a change to one recompiles only that family's kernels.
+// in its own header (ragged_m_variants.cuh, ragged_k_variants.cuh, act_forward_variants.cuh,
+// act_backward_variants.cuh, gather_variants.cuh), so a change to one recompiles only that
+// family's kernels.
 //
 // Kernel: CUTLASS's ptr-array ("grouped") GEMM, warp-specialized and persistent.
 //   warpgroup 0      producer: TMA loads of A/B tiles into a multi-stage smem pipeline
@@ -21,7 +22,8 @@
 //                    (dynamic_group_scheduler.cuh; LaunchContext::dynamic_schedule).
 // Epilogue (EVT), per variant (VariantTraits below): D = acc + bias[group] (a row broadcast
 //   through an array of per-group pointers; a null array means no bias), or the fused
-//   gated-activation forward / backward of act_epilogue.cuh. Outputs are rounded once.
+//   gated-activation forward / backward of act_forward_epilogue.cuh /
+//   act_backward_epilogue.cuh. Outputs are rounded once.
 //   D is written by the tree through one descriptor over the whole output
 //   (fixed_tma_store.cuh; the collective's D is void: no per-group D descriptor rewrites),
 //   except in the fused backward, whose dpre shares the collective's C buffers.

@@ -1,16 +1,9 @@
-// Epilogue visitor nodes (CUTLASS SM90 EVT) of the fused activation GEMMs, generic over
-// the activation functor (activations.h).
+// Epilogue visitor node (CUTLASS SM90 EVT) of the fused activation GEMMs, generic over
+// the activation functor (activations.h). It relies on the WGMMA accumulator layout: every
+// thread holds pairs of adjacent output columns (2j, 2j+1), so with interleaved gate/linear
+// columns each (gate, linear) pair is in one thread's registers and no data moves between
+// threads; the four threads of a quad hold the same rows.
 //
-// Both rely on the WGMMA accumulator layout: every thread holds pairs of adjacent output
-// columns (2j, 2j+1), so with interleaved gate/linear columns each (gate, linear) pair is
-// in one thread's registers and no data moves between threads; the four threads of a
-// quad hold the same rows.
-//
-//   ActForwardAux  up-projection: its input is pre = scale * acc + bias (fp32). It rounds
-//                  pre to bf16, computes h = act(pre) from the rounded values (gated: one h
-//                  per (gate, linear) pair, width n/2; else one per column, width n), and
-//                  writes both, pre as D, through smem and TMA stores of its own
-//                  (fixed_tma_store.cuh; the collective has no D).
 //   ActBackward    down-projection input gradient: its inputs are acc = dy @ W_down^T
 //                  (fp32), the forward's pre loaded by the collective's TMA source
 //                  pipeline as the C operand (gated: 32-bit packed (gate, linear) words,
@@ -29,6 +22,9 @@
 //                  second stored p * h directly (4-byte stores).
 //                  kHalvesOut: dpre in [dgate | dlinear] halves instead; D is dgate (bf16)
 //                  and dlinear a second TMA-stored output, n columns past it.
+//                  With col_partial, it also sums dpre (as rounded to bf16) over the
+//                  tile's rows per column: the tile's part of the up projection's bias
+//                  gradient (tile_column_sums.cuh), in dpre's column order.
 //
 // The TMA-stored outputs are whole matrices whose descriptors clip each tile at its
 // group's rows and the matrix's columns: nothing outside the group's problem is written.
@@ -43,17 +39,11 @@
 #include "activations.h"
 #include "epilogue_nodes.cuh"
 #include "fixed_tma_store.cuh"
+#include "tile_column_sums.cuh"
 
 namespace cute_moe::detail {
 
 namespace act_epilogue {
-
-struct ForwardArguments {
-  ActParams act = {};
-  OutputMatrix pre;                // D: (rows, n)
-  OutputMatrix h;                  // (rows, n / 2) gated, else (rows, n)
-  const int32_t* offs = nullptr;   // device: cumulative end rows per group
-};
 
 struct BackwardArguments {
   ActParams act = {};
@@ -63,94 +53,11 @@ struct BackwardArguments {
   OutputMatrix hp;                       // p * h, (rows, n)
   OutputMatrix dlinear;                  // kHalvesOut: the dlinear half of dpre, (rows, n)
   const int32_t* offs = nullptr;         // device: cumulative end rows per group
+  float* col_partial = nullptr;          // dpre's column-sum partials (tile_column_sums.cuh), or null
+  int64_t col_partial_ld = 0;            // floats between partial rows (dpre's width)
 };
-
-CUTLASS_DEVICE uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(cutlass::bfloat16_t(lo).raw()) | (uint32_t(cutlass::bfloat16_t(hi).raw()) << 16);
-}
 
 }  // namespace act_epilogue
-
-template <class Activation, class EpiTile, int kStages>
-struct Sm90ActForwardAux : NodeWithoutLoads {
-  using ElementAux = cutlass::bfloat16_t;  // also what CUTLASS takes the (void) D's element to be
-  using PreStore = FixedTmaStore<ElementAux, EpiTile, kStages>;
-  // gated: one h per (gate, linear) pair of adjacent columns
-  using HStore = FixedTmaStore<ElementAux, EpiTile, kStages, Activation::kGated ? 1 : 2>;
-  using Arguments = act_epilogue::ForwardArguments;
-  struct SharedStorage {
-    typename PreStore::SharedStorage pre;
-    typename HStore::SharedStorage h;
-  };
-  struct Params {
-    ActParams act;
-    typename PreStore::Params pre;
-    typename HStore::Params h;
-  };
-  template <class ProblemShape>
-  static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    return {a.act, PreStore::to_params(a.pre, a.offs), HStore::to_params(a.h, a.offs)};
-  }
-
-  // Params in place, not a copy: the TMA descriptors must stay in kernel parameter space.
-  Params const* params = nullptr;
-  SharedStorage* storage = nullptr;
-  CUTLASS_HOST_DEVICE Sm90ActForwardAux() {}
-  CUTLASS_HOST_DEVICE Sm90ActForwardAux(Params const& p, SharedStorage const& s)
-      : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
-
-  template <class PreTile, class HTile>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, PreTile pre_store, HTile h_store)
-        : act(act), pre_store(pre_store), h_store(h_store) {}
-    ActParams act;
-    PreTile pre_store;
-    HTile h_store;
-
-    template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
-    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
-                              cutlass::Array<ElementInput, FragmentSize> const& frg_pre) {
-      static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
-      cutlass::Array<ElementAux, FragmentSize> pre;  // D, rounded once; h is computed from it
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) pre[i] = ElementAux(frg_pre[i]);
-      pre_store.template set<FragmentSize>(epi_v, pre);
-      if constexpr (Activation::kGated) {
-        cutlass::Array<ElementAux, FragmentSize / 2> h;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; i += 2) {
-          h[i / 2] = ElementAux(Activation::forward(float(pre[i]), float(pre[i + 1]), act));
-        }
-        h_store.template set<FragmentSize>(epi_v, h);
-      } else {
-        cutlass::Array<ElementAux, FragmentSize> h;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) h[i] = ElementAux(Activation::forward(float(pre[i]), act));
-        h_store.template set<FragmentSize>(epi_v, h);
-      }
-      return frg_pre;
-    }
-
-    CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
-      if (issue_smem_store) {
-        pre_store.to_smem(epi_m, epi_n, store_iteration);
-        h_store.to_smem(epi_m, epi_n, store_iteration);
-      }
-    }
-    CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
-      pre_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
-      h_store.to_gmem(epi_m, epi_n, store_iteration, issue_tma_store);
-    }
-  };
-
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(
-      cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto pre_store = PreStore::template tile<ReferenceSrc>(&params->pre, storage->pre, args);
-    auto h_store = HStore::template tile<ReferenceSrc>(&params->h, storage->h, args);
-    return ConsumerStoreCallbacks<decltype(pre_store), decltype(h_store)>(params->act, pre_store, h_store);
-  }
-};
 
 template <class Activation, bool kHalvesOut, class EpiTile, int kStages>
 struct Sm90ActBackward : NodeWithoutLoads {
@@ -173,10 +80,14 @@ struct Sm90ActBackward : NodeWithoutLoads {
     int64_t partial_stride;
     typename Store::Params hp;
     IfHalves<typename Store::Params> dlinear;
+    const int32_t* offs;
+    float* col_partial;
+    int64_t col_partial_ld;
   };
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    Params p{a.act, a.group_scale, a.ptr_partial, a.partial_stride, Store::to_params(a.hp, a.offs), {}};
+    Params p{a.act,  a.group_scale, a.ptr_partial, a.partial_stride, Store::to_params(a.hp, a.offs), {},
+             a.offs, a.col_partial, a.col_partial_ld};
     if constexpr (kHalvesOut) p.dlinear = Store::to_params(a.dlinear, a.offs);
     return p;
   }
@@ -188,25 +99,40 @@ struct Sm90ActBackward : NodeWithoutLoads {
   CUTLASS_HOST_DEVICE Sm90ActBackward(Params const& p, SharedStorage const& s)
       : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
 
+  // dpre's column sums: values per column, and where a column's values go in a partial row
+  // (dpre's own column order: interleaved pairs, [dgate | dlinear] halves, or one value).
+  static constexpr int kSumValues = Activation::kGated ? 2 : 1;
+  static constexpr int64_t kSumColStride = Activation::kGated && !kHalvesOut ? 2 : 1;
+
+  // The tile's column sums: the warp's partial row (null: none) and the thread's first
+  // column in the group's problem, of its n columns.
+  struct ColumnSumTarget {
+    float* row = nullptr;
+    int32_t first = 0;
+    int32_t cols = 0;
+  };
+
   // kRowSlots: rows of the tile in steps of 8; a thread's rows sit 8 apart (WGMMA layout),
   // so slot (m - m_first) / 8 names each of its rows. The slot of an element is a
   // compile-time constant after unrolling, so the sums stay in registers.
   template <class CTensor, int kRowSlots, class HpStore, class DlinearStore>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tCcD, ActParams act, float scale, float* partial, int64_t rows_left,
-                                          HpStore hp_store, DlinearStore dlinear_store)
+                                          HpStore hp_store, DlinearStore dlinear_store, ColumnSumTarget col_target)
         : tCcD(tCcD),
           act(act),
           scale(scale),
           partial(partial),
           rows_left(rows_left),
           hp_store(hp_store),
-          dlinear_store(dlinear_store) {
+          dlinear_store(dlinear_store),
+          col_target(col_target) {
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kRowSlots; ++s) {
         row_sum[s] = 0.0f;
         touched[s] = false;
       }
+      col_sums.clear();
     }
     CTensor tCcD;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
     ActParams act;
@@ -217,6 +143,8 @@ struct Sm90ActBackward : NodeWithoutLoads {
     DlinearStore dlinear_store;
     float row_sum[kRowSlots];
     bool touched[kRowSlots];
+    ColumnSumTarget col_target;
+    TileColumnSums<kSumValues> col_sums;
 
     // frg_acc = dy @ W^T (fp32); frg_pre: the forward's pre (gated: 32-bit words, each
     // the bf16 (gate, linear) pair of one column, gate in the low half); frg_p: the row
@@ -233,6 +161,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
       cutlass::Array<ElementAux, FragmentSize> hp;
       cutlass::Array<ElementAux, FragmentSize> dlin;  // kHalvesOut
       auto coords = tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
+      const bool sum_columns = col_target.row != nullptr;  // the same in the whole tile
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += 2) {
         float hs = 0.0f;  // h * s over the pair
@@ -250,7 +179,8 @@ struct Sm90ActBackward : NodeWithoutLoads {
               dpre[i + j] = cutlass::bfloat16_t(dgate);
               dlin[i + j] = cutlass::bfloat16_t(dlinear);
             } else {
-              dpre[i + j] = act_epilogue::pack_bf16(dgate, dlinear);
+              dpre[i + j] =
+                  uint32_t(cutlass::bfloat16_t(dgate).raw()) | (uint32_t(cutlass::bfloat16_t(dlinear).raw()) << 16);
             }
           } else {
             float da;
@@ -259,6 +189,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
           }
           hp[i + j] = cutlass::bfloat16_t(p * h);
           hs += h * s;
+          if (sum_columns) add_to_column_sums(coords, epi_v * FragmentSize + i + j, dpre[i + j], dlin[i + j]);
         }
         // No bounds test: a column past n has acc = 0 (B is zero-filled there), so s = 0
         // and h finite (pre is zero-filled too): it adds 0. A row past the group's end
@@ -277,7 +208,33 @@ struct Sm90ActBackward : NodeWithoutLoads {
       return dpre;
     }
 
+    // Element e of the current subtile's dpre as stored (bf16; gated: both values of its
+    // column; d the D element, dl the dlinear half's) into the thread's column sums; rows
+    // past the group's end hold garbage and are left out.
+    template <class Coords, class D, class Dl>
+    CUTLASS_DEVICE void add_to_column_sums(Coords const& coords, int e, D d, Dl dl) {
+      if (cute::get<0>(coords(e)) >= rows_left) return;
+      const int dn = cute::get<1>(coords(e)) - cute::get<1>(coords(0));
+      if constexpr (kHalvesOut) {
+        col_sums.add(dn, 0, float(d));
+        col_sums.add(dn, 1, float(dl));
+      } else if constexpr (Activation::kGated) {
+        col_sums.add(dn, 0, __uint_as_float(d << 16));
+        col_sums.add(dn, 1, __uint_as_float(d & 0xffff0000u));
+      } else {
+        col_sums.add(dn, 0, float(d));
+      }
+    }
+
     CUTLASS_DEVICE void postreduce(int epi_m, int epi_n, int store_iteration, bool issue_smem_store) {
+      // a subtile's columns are whole after its last row block (the collective walks a
+      // column of subtiles before the next)
+      constexpr int kEpiMs = decltype(cute::size<3>(std::declval<CTensor>()))::value;
+      if (col_target.row != nullptr && epi_m == kEpiMs - 1) {
+        const int32_t first = col_target.first + cute::get<1>(tCcD(0, 0, 0, epi_m, epi_n));
+        col_sums.store(col_target.row, first, col_target.cols, kSumColStride, kHalvesOut ? col_target.cols : 1);
+        col_sums.clear();
+      }
       if (issue_smem_store) {
         hp_store.to_smem(epi_m, epi_n, store_iteration);
         dlinear_store.to_smem(epi_m, epi_n, store_iteration);
@@ -315,6 +272,24 @@ struct Sm90ActBackward : NodeWithoutLoads {
       partial = params->ptr_partial[l] + int64_t(cute::get<1>(args.tile_coord_mnkl)) * params->partial_stride + m_first;
     }
     const float scale = params->group_scale != nullptr ? params->group_scale[l] : 1.0f;
+    ColumnSumTarget col_target;
+    if (params->col_partial != nullptr) {
+      constexpr int kCtaM = decltype(cute::size<0>(args.tile_shape_mnk))::value;
+      constexpr int kThreads = decltype(cute::size(args.tiled_copy))::value;
+      static_assert(kCtaM == kColumnSumChunkRows && kThreads == 32 * kTileColumnSumWarps &&
+                        decltype(cute::size<1>(EpiTile{}))::value == 32,
+                    "column sums: 128-row tiles, two consumer warpgroups, 32-column subtiles");
+      const int m = cute::get<0>(args.tile_coord_mnkl);
+      const int32_t rows = cute::get<0>(args.problem_shape_mnkl);
+      if (rows > m * kCtaM) {  // not a cluster's spare tile past the group's rows
+        const int64_t begin = l == 0 ? 0 : params->offs[l - 1];
+        const int64_t slot = tile_column_sum_slot(begin, m, l);
+        col_target.row =
+            params->col_partial + (slot * kTileColumnSumWarps + int(args.thread_idx) / 32) * params->col_partial_ld;
+        col_target.cols = cute::get<1>(args.problem_shape_mnkl);
+        col_target.first = col_target.cols - int32_t(cute::get<1>(args.residue_tCcD));
+      }
+    }
     auto hp_store = Store::template tile<ReferenceSrc>(&params->hp, storage->hp, args);
     auto dlinear_store = [&] {
       if constexpr (kHalvesOut) {
@@ -324,7 +299,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
       }
     }();
     return ConsumerStoreCallbacks<decltype(args.tCcD), kRowSlots, decltype(hp_store), decltype(dlinear_store)>(
-        args.tCcD, params->act, scale, partial, cute::get<0>(args.residue_tCcD), hp_store, dlinear_store);
+        args.tCcD, params->act, scale, partial, cute::get<0>(args.residue_tCcD), hp_store, dlinear_store, col_target);
   }
 };
 

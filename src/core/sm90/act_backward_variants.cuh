@@ -1,32 +1,19 @@
-// The fused activation kernel variants (ActFwd_*, ActBwd_*): their epilogue trees and
-// operand traits, one kernel per activation (ActFwdGather_*: gather_variants.cuh). Only
-// their translation units include this, so changes here do not recompile the plain GEMMs.
+// The fused down-projection input-gradient kernel variants (ActBwd_*): their epilogue
+// tree and operand traits, one kernel per activation. Only their translation units (and
+// the FP8 family's) include this, so changes here do not recompile the plain GEMMs or the
+// fused forward.
 #pragma once
 
-#include "act_epilogue.cuh"
+#include "act_backward_epilogue.cuh"
 #include "act_functors.h"  // generated: ActFunctor<Act> -> functor of activations.h
 #include "kernel_instance.cuh"
 
 namespace cute_moe::detail {
 
-// D = pre = scale[group] * acc + bias[group]; aux = h = act(pre); both written by the tree
-// through fixed descriptors (kWritesD: the collective has no D)
-template <class Activation>
-struct ActForwardEpilogue {
-  using ElementC = void;
-  static constexpr bool kWritesD = true;
-  template <class TileShape, class ElementD, class EpiDesc>
-  using Tree = cutlass::epilogue::fusion::Sm90EVT<
-      Sm90ActForwardAux<Activation, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>, ScaledBiasTree<TileShape, float>>;
-  template <class Args>
-  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.d, ctx.aux, ctx.whole.offs}};
-  }
-};
-
 // C = pre (gated: packed (gate, linear) words); D = dpre = act'(pre) * row_scale * scale
 // * acc, packed like pre (kHalvesOut: D = dgate, the dlinear half a second TMA-stored
-// output); aux = row_scale * act(pre), TMA-stored; row-scale-gradient partials
+// output); aux = row_scale * act(pre), TMA-stored; row-scale-gradient partials; dpre's
+// column-sum partials (the up projection's bias gradient) where asked
 template <class Activation, bool kHalvesOut = false>
 struct ActBackwardEpilogue {
   using ElementC = std::conditional_t<Activation::kGated, uint32_t, cutlass::bfloat16_t>;
@@ -44,20 +31,14 @@ struct ActBackwardEpilogue {
     return {{},
             {},
             {reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
-            {ctx.act, g.group_scale, g.row_partial, g.row_partial_stride, ctx.aux, ctx.aux2, ctx.whole.offs}};
+            {ctx.act, g.group_scale, g.row_partial, g.row_partial_stride, ctx.aux, ctx.aux2, ctx.whole.offs,
+             ctx.col_partial, ctx.col_partial_ld}};
   }
 };
 
 template <Act A>
 using ActBwdOut = std::conditional_t<ActFunctor<A>::type::kGated, uint32_t, bf16>;  // dpre's D element
 
-template <Act A> struct VariantTraits<KernelVariant::ActFwd_BRow, A>
-    : Traits<RowMajor, RowMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
-// k-contiguous W of a gated activation: B's (gate, linear) pairs loaded as adjacent rows
-// from either column layout (fixed_tma_mainloop.cuh, "paired B")
-template <Act A> struct VariantTraits<KernelVariant::ActFwd_BCol, A>
-    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>,
-             FixedTmaMainloopOf<false, ActFunctor<A>::type::kGated>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BRow, A>
     : Traits<RowMajor, RowMajor, ActBwdOut<A>, ActBackwardEpilogue<typename ActFunctor<A>::type>, FixedTmaMainloopOf<false>> {};
 template <Act A> struct VariantTraits<KernelVariant::ActBwd_BCol, A>
