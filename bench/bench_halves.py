@@ -7,10 +7,14 @@
 #   nk   HF transformers' storage: gate_up_proj (E, 2I, H) and down_proj (E, H, I), used through
 #        transposed views (the halves are read in place: the kernels' paired-B loads)
 #   kn   W_up (E, H, 2I), W_down (E, I, H) as stored (halves cost a repack of W_up per call)
+# and, with --pair, the halves as two tensors (torchtitan's w1, w3 (E, I, H), two
+# allocations): passed to expert_ffn as the pair (w1^T, w3^T), read in place, against the
+# same block joining them per call first (torch.cat, what the torchtitan integration did
+# before the kernels read the pair).
 # Progress on stderr, the table on stdout.
 #
 #   python bench/bench_halves.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--storages nk,kn]
-#       [--reps 20] [--rounds 3] [--json out.json]
+#       [--pair] [--reps 20] [--rounds 3] [--json out.json]
 from __future__ import annotations
 
 import argparse
@@ -75,6 +79,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median of their medians")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pair", action="store_true", help="also the halves as two tensors, in place vs joined")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cute_moe = import_cute_moe()
@@ -82,6 +87,8 @@ def main() -> int:
     for name in args.shapes.split(","):
         s = SHAPES[name]
         t, offs, dy = make_block(s, args.seed)
+        if args.pair:
+            results += pair_rows(cute_moe, name, s, t, offs, dy, args)
         m = s["tokens"] * s["topk"]
         fwd_flop = 2 * m * s["hidden"] * 2 * s["inter"] + 2 * m * s["inter"] * s["hidden"]
         for storage in args.storages.split(","):
@@ -141,11 +148,72 @@ def main() -> int:
                          fmt(r.get("bwd_vs_interleaved"), ".3f"), fmt(r["max_rel_diff_vs_interleaved"], ".1e")]
                         for r in results]
     print(f"# expert block, [gate | linear] halves vs interleaved, {torch.cuda.get_device_name()}; "
-          f"median of {args.rounds} alternating rounds of {args.reps}; x = interleaved ms / halves ms")
+          f"median of {args.rounds} alternating rounds of {args.reps}; x = interleaved ms / halves ms "
+          "(storage w1,w3: joined ms / pair ms, diff vs joined)")
     print_columns(lines, 4)
     if args.json:
         write_json(args.json, run_meta(reps=args.reps, rounds=args.rounds), results)
     return 0
+
+
+def pair_rows(cute_moe, name, s, t, offs, dy, args):
+    """The halves as two tensors w1, w3 (E, I, H): read in place ("pair") against joined per
+    call ("joined": torch.cat([w1, w3], 1), the old torchtitan route), alternating rounds."""
+    from cute_moe.repack import interleaved_to_halves
+    i = s["inter"]
+    halves = interleaved_to_halves(t["w_up"], -1).transpose(-2, -1)  # (E, 2I, H)
+    b_up = None if t["b_up"] is None else interleaved_to_halves(t["b_up"], -1)
+    base = dict(x=t["x"], w1=halves[:, :i].contiguous(), w3=halves[:, i:].contiguous(),
+                w_down=t["w_down"].transpose(-2, -1).contiguous(), b_up=b_up, b_down=t["b_down"])
+    routes = {}
+    for route in ("joined", "pair"):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in base.items() if v is not None}
+        if route == "pair":  # two views of one buffer, w3's above w1's (as _CastPair makes them)
+            pair = torch.stack([base["w1"], base["w3"]])
+            leaves["w1"], leaves["w3"] = (pair[j].detach().requires_grad_() for j in (0, 1))
+
+        def forward(leaves=leaves, route=route):
+            w1, w3 = leaves["w1"], leaves["w3"]
+            w_up = (w1.transpose(-2, -1), w3.transpose(-2, -1)) if route == "pair" else \
+                torch.cat([w1, w3], 1).transpose(-2, -1)
+            return cute_moe.expert_ffn(leaves["x"], w_up, leaves["w_down"].transpose(-2, -1), offs,
+                                       leaves.get("b_up"), leaves.get("b_down"), activation=s["act"],
+                                       gate_linear="halves")
+
+        def backward(out, leaves=leaves):
+            torch.autograd.grad(out, list(leaves.values()), dy)
+
+        out = forward()
+        routes[route] = (forward, backward, out.detach(), torch.autograd.grad(out, list(leaves.values()), dy))
+        if route == "pair":  # the forward reads the pair in place where w3 lies above w1
+            above = leaves["w3"].data_ptr() > leaves["w1"].data_ptr()
+            print(f"{name}: w3 {'above' if above else 'below'} w1", file=sys.stderr, flush=True)
+    diff = max([rel_error(routes["pair"][2], routes["joined"][2])] +
+               [rel_error(a, b) for a, b in zip(routes["pair"][3], routes["joined"][3])])
+    times = {route: {"fwd": [], "bwd": []} for route in routes}
+    for r in range(args.rounds):
+        for route in (("joined", "pair") if r % 2 == 0 else ("pair", "joined")):
+            forward, backward = routes[route][:2]
+            print(f"{name} pair/{route} round {r}", file=sys.stderr, flush=True)
+            with torch.no_grad():
+                times[route]["fwd"].append(time_ms(forward, args.reps, args.warmup))
+            times[route]["bwd"].append(backward_ms(forward, backward, args.reps, args.warmup))
+    m = s["tokens"] * s["topk"]
+    fwd_flop = 2 * m * s["hidden"] * 2 * i + 2 * m * i * s["hidden"]
+    rows = []
+    for route in ("joined", "pair"):
+        forward, backward = routes[route][:2]
+        f, b = (statistics.median(times[route][k]) for k in ("fwd", "bwd"))
+        peak = peak_bytes(lambda: backward(forward()), True)
+        rows.append(dict(shape=name, act=s["act"], bias=s["bias"], storage="w1,w3", layout=route,
+                         fwd_ms=f, bwd_ms=b, tflops=3 * fwd_flop / (f + b) / 1e9,
+                         peak_gib=peak / 2 ** 30 if peak is not None else None,
+                         max_rel_diff_vs_interleaved=diff))
+    rows[1]["fwd_vs_interleaved"] = rows[0]["fwd_ms"] / rows[1]["fwd_ms"]
+    rows[1]["bwd_vs_interleaved"] = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+    del routes
+    torch.cuda.empty_cache()
+    return rows
 
 
 def _to_interleaved(t):

@@ -8,8 +8,8 @@
 # built and stepped the way torchtitan's Trainer does (tests/python/torchtitan_models.py:
 # train spec, model converter "cute_moe", parallelize function, AdamW with MoE load
 # balancing, gradient clipping). The default experts run first, so a GPU fresh from idle
-# favours the baseline. Also times the per-call [w1; w3] stack of one Qwen3 layer
-# against torchtitan's per-call bf16 casts of w1 and w3.
+# favours the baseline. (cute_moe reads w1 and w3 where they are: its per-call weight
+# preparation is torchtitan's own bf16 cast.)
 #
 # One GPU (fp32 parameters under torchtitan's AMP, as its single-device training):
 #   python bench/bench_torchtitan.py [--models qwen3-30b-a3b,gpt-oss-20b] [--layers 2]
@@ -133,23 +133,6 @@ def losses_agreement(records, path):
     return rows
 
 
-def stack_cost(model_args, reps=20):
-    """One Qwen3 layer's per-call up-weight preparation: torchtitan's w1.bfloat16() and
-    w3.bfloat16() against cute_moe's [w1; w3] stack, from fp32 (one GPU) and bf16 (FSDP2's
-    unsharded parameters) weights; forward only, ms."""
-    from common import time_ms
-    from cute_moe.integrations.torchtitan import stack_gate_up
-    e, i, d = model_args.moe_args.num_experts, model_args.moe_inter_dim, model_args.dim
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        w1, w3 = (torch.randn(e, i, d, device="cuda", dtype=dtype) for _ in range(2))
-        theirs = time_ms(lambda: (w1.bfloat16(), w3.bfloat16()), reps, 3)
-        ours = time_ms(lambda: stack_gate_up(w1, w3, torch.bfloat16), reps, 3)
-        rows.append((str(dtype).replace("torch.", ""), theirs, ours))
-        del w1, w3
-    return rows
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="torchtitan training step: default experts vs cute_moe")
     ap.add_argument("--models", default=",".join(MODELS))
@@ -205,7 +188,6 @@ def main(argv=None) -> int:
             print(f"# {key}: {args.layers} layers, {tokens} tokens/step, world {world}, ep {args.ep} "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr)
     agreement = losses_agreement(records, args.losses_like) if args.losses_like else []
-    stack = stack_cost(qwen3_30b_a3b(args)[1]) if "qwen3-30b-a3b" in args.models and rank == 0 else []
     if rank == 0:
         print(f"torchtitan {args.layers}-layer MoE models, {args.batch}x{args.seq} tokens per rank, "
               f"{world} GPU(s), EP {args.ep}, {torch.cuda.get_device_name()}; losses per step of the "
@@ -215,15 +197,9 @@ def main(argv=None) -> int:
             print(f"\nlosses against {os.path.basename(args.losses_like)} (same weights, same global "
                   "batches), max over steps of |loss - loss_there| / loss_there:")
             print_columns([("model", "experts", "there", "max rel diff")] + agreement, left=2)
-        if stack:
-            print("\nper-call up-weight preparation of one Qwen3-30B-A3B layer (128 x 768 x 2048 x 2), ms:")
-            print_columns([("weights", "torchtitan: w1, w3 .bfloat16()", "cute_moe: [w1; w3] stack")]
-                          + [(d, fmt(a, ".3f"), fmt(b, ".3f")) for d, a, b in stack], left=1)
         if args.json:
             write_json(args.json, run_meta(layers=args.layers, batch=args.batch, seq=args.seq,
-                                           world=world, ep=args.ep, batches_of=args.batches_of,
-                                           stack_ms=[dict(dtype=d, torchtitan=a, cute_moe=b)
-                                                     for d, a, b in stack]), records)
+                                           world=world, ep=args.ep, batches_of=args.batches_of), records)
     if world > 1:
         torch.distributed.destroy_process_group()
     return 0

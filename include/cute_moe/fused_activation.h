@@ -40,12 +40,17 @@ struct ActivationOptions {
 // kHalves needs a gated activation and a k-contiguous W (w_stride_k == 1): the kernel
 // loads each (gate, linear) pair into adjacent rows of its tile, so pre always comes out
 // interleaved (the layout act_backward reads), and h is the same either way.
+// w_linear (kHalves only, optional): the two halves as two tensors (torchtitan's w1, w3).
+// gemm.w then holds the gate half (columns j < n/2) and w_linear the linear half (column
+// n/2 + j at w_linear + j * w_stride_n), with gemm.w's strides; it must lie after gemm.w,
+// a multiple of 16 bytes and less than 2^40 bytes beyond it (one TMA stride spans the two).
 struct ActForwardArgs {
   RaggedMGemmArgs gemm;
   void* h = nullptr;  // bf16 (gemm.m, width above), row stride ldh
   int64_t ldh = 0;
   ActivationOptions act;
   GateLinear gate_linear = GateLinear::kInterleaved;
+  const void* w_linear = nullptr;
 };
 
 // Input gradient of the down-projection with the activation's backward, one launch:

@@ -74,7 +74,17 @@ struct RaggedMGemmArgs {
   // act_forward with a weight of unit stride along n only; null: row r reads x row r.
   const int32_t* gather_rows = nullptr;
   int64_t x_rows = 0;
+  // Optional, ragged_m_gemm only: W's k rows in two tensors with the same strides (the input
+  // gradient dx = dpre @ [W_gate; W_linear] through an up projection kept as two
+  // parameters, torchtitan's w1 and w3). Rows i < k_split of W_e at w, rows i >= k_split at
+  // w_hi + e * w_stride_group + (i - k_split) * w_stride_k. k_split: a positive multiple of
+  // kSplitKMultiple below k; 0 (and w_hi null): W whole at w.
+  const void* w_hi = nullptr;
+  int64_t k_split = 0;
 };
+
+// k_split's granularity: a k-tile of every ragged-M kernel lies within one of the tensors.
+constexpr int64_t kSplitKMultiple = 128;
 
 // dw[e] = x[rows_e]^T @ dy[rows_e] for every group e, a (k x n) matrix reduced over the
 // group's rows (the ragged dimension). Empty groups give exact zeros.

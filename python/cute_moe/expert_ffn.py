@@ -11,7 +11,8 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
-from .ops.checks import check_offs_values, check_scales
+from . import _library
+from .ops.checks import check_offs_values, check_same_device, check_scales, check_tensor
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import check_permute_args, check_unpermute_args
@@ -55,6 +56,11 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        j: Qwen3-MoE, Mixtral, DeepSeek-V3). The gradients come back in the same layout.
        Halves are read in place from the transposed view of an (E, 2I, H) w_up with an
        (E, I, H)-contiguous w_down (HF's storage); other storages cost a copy per call.
+       With "halves", w_up may also be a pair (w_gate, w_linear) of (E, H, I) tensors, the
+       two halves kept apart (torchtitan's w1 and w3 (E, I, D), passed transposed): read in
+       place by all three GEMMs that use them where both are transposed views of
+       contiguous tensors with I a multiple of 128 and no gather or scale_up, else joined
+       into one tensor per call; their gradients come back as two tensors either way.
     activation: one of cute_moe/activations.py: "swiglu_oai" (GPT-OSS, the default:
        g*sigmoid(swiglu_alpha*g)*(u+1)), "swiglu" (silu(g)*u), "geglu" (gelu_tanh(g)*u),
        "srelu" (relu(a)^2) or "none".
@@ -89,6 +95,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     """
     op = "expert_ffn"
     check_precision(op, precision)
+    w_linear = None
+    if isinstance(w_up, (tuple, list)):  # the halves as two tensors
+        w_up, w_linear = _halves_pair(op, w_up, gate_linear, x,
+                                      precision == "bf16" and scale_up is None and gather is None)
     if precision == "fp8":
         y = _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
                             prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
@@ -99,10 +109,12 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     check_activation(activation, limit, op)
     check_act_params(swiglu_alpha, limit, op, {"alpha": "swiglu_alpha"})
     gated = is_gated(activation)
-    check_grouped_mm_args(x, w_up, offs, b_up, op=op, names={"w": "w_up", "bias": "b_up"})
+    # the checks see the whole up projection; a stand-in of the pair's (one element)
+    whole = w_up if w_linear is None else _w_like(w_up, 2 * w_up.shape[2])
+    check_grouped_mm_args(x, whole, offs, b_up, op=op, names={"w": "w_up", "bias": "b_up"})
     if gated:
-        check_gated_width(op, w_up, "w_up", activation)
-    inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
+        check_gated_width(op, whole, "w_up", activation)
+    inter = whole.shape[2] // 2 if gated else whole.shape[2]
     num_experts, hidden = w_up.shape[0], x.shape[1]
     check_gate_linear(op, gate_linear, activation)
     act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit), gate_linear)
@@ -136,10 +148,52 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     else:
         up_bias = b_up
         h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows,
-                              up_bias is not None)
+                              up_bias is not None, w_linear)
     # checked behind the up projection's launch, whose GPU time hides the host's work
     combine = _checked_combine(op, combine, m, hidden, x)
     return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine, up_bias)
+
+
+class _JoinHalves(torch.autograd.Function):
+    """[w_gate | w_linear] (E, H, I) x 2 -> (E, H, 2I), the transposed view of an (E, 2I, H)
+    tensor where both are transposed views (the layout the halves kernels read in place)."""
+
+    @staticmethod
+    def forward(ctx, w_gate, w_linear):
+        if w_gate.stride(1) == 1 and w_linear.stride(1) == 1:
+            return torch.cat([w_gate.transpose(1, 2), w_linear.transpose(1, 2)], 1).transpose(1, 2)
+        return torch.cat([w_gate, w_linear], 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inter = grad.shape[2] // 2
+        return grad[..., :inter], grad[..., inter:]
+
+
+def _halves_pair(op, pair, gate_linear, x, in_place_ok):
+    """w_up given as (w_gate, w_linear): the two tensors where the kernels read them in
+    place (UpProj's w_linear), else (the joined tensor, None)."""
+    if len(pair) != 2 or not all(isinstance(t, torch.Tensor) for t in pair):
+        raise ValueError(f"cute_moe.{op}: w_up: expected a tensor or a pair (w_gate, w_linear) of "
+                         f"tensors, got {type(pair).__name__} of {len(pair)}")
+    if gate_linear != "halves":
+        raise ValueError(f"cute_moe.{op}: w_up as a pair (w_gate, w_linear) needs "
+                         f"gate_linear='halves', got {gate_linear!r}")
+    w_gate, w_linear = pair
+    check_tensor(op, "x", x, 2, torch.bfloat16)
+    for name, t in (("w_up[0]", w_gate), ("w_up[1]", w_linear)):
+        check_tensor(op, name, t, 3, torch.bfloat16)
+    if tuple(w_linear.shape) != tuple(w_gate.shape):
+        raise ValueError(f"cute_moe.{op}: w_up: the pair's tensors must have one shape (E, H, I), "
+                         f"got {tuple(w_gate.shape)} and {tuple(w_linear.shape)}")
+    check_same_device(op, "x", x, **{"w_up[0]": w_gate, "w_up[1]": w_linear})
+    inter = w_gate.shape[2]
+    in_place = (in_place_ok and _library.library_loaded() and x.is_cuda
+                and w_gate.stride(1) == 1 and w_linear.stride() == w_gate.stride()
+                and inter % 128 == 0 and inter > 0)
+    if in_place:
+        return w_gate, w_linear
+    return _JoinHalves.apply(w_gate, w_linear), None
 
 
 def _checked_combine(op, combine, m, hidden, x):
@@ -151,6 +205,11 @@ def _checked_combine(op, combine, m, hidden, x):
                          f"{combine!r:.80}")
     check_unpermute_args(_h_like(x, m, hidden), combine[1], combine[0], op=op)
     return combine[0].contiguous(), combine[1].contiguous()
+
+
+def _w_like(w, n):
+    """A stand-in of an (E, H, n) weight like w for the shape checks (strides (0, 1, 0))."""
+    return w.new_empty_strided((w.shape[0], w.shape[1], n), (0, 1, 0))
 
 
 def _h_like(x, m, inter):

@@ -39,6 +39,13 @@ def _mm(a, w, offs, bias=None):
     return grouped_mm_ref(a, w, offs, bias)
 
 
+def _mm_split(a, w, w_hi, offs):
+    """a @ [w; w_hi] per group, W's rows in two tensors (read in place by the kernel)."""
+    if _library.library_loaded():
+        return torch.ops.cute_moe.grouped_mm(a, w, offs, None, w_hi)
+    return grouped_mm_ref(a, torch.cat([w, w_hi], dim=1), offs)
+
+
 def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
     """prob[r] * (scale[e] * (a @ w[e]) + bias[e]), no autograd."""
     if scale is None and prob is None:
@@ -48,15 +55,20 @@ def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
     return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
 
 
-def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None):
+def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None, w_linear=None):
     """(h, pre) of the fused up projection; over x[rows] when rows is given (the gather
-    fused into the GEMM)."""
+    fused into the GEMM); w_linear: the linear half of a halves w as its own tensor."""
     if rows is not None:
         return torch.ops.cute_moe.grouped_mm_act_gathered(x, rows, w, offs, bias, scale, act.name,
                                                           act.alpha, act.limit)
     if _library.library_loaded():
+        if w_linear is not None:
+            return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
+                                                     act.limit, act.gate_linear, w_linear)
         return torch.ops.cute_moe.grouped_mm_act(x, w, offs, bias, scale, act.name, act.alpha,
                                                  act.limit, act.gate_linear)
+    if w_linear is not None:
+        w = torch.cat([w, w_linear], dim=2)
     return grouped_mm_act_ref(x, w, offs, bias, scale, act.name, act.alpha, act.limit,
                               act.gate_linear)
 
@@ -163,12 +175,15 @@ class UpProj(torch.autograd.Function):
     index_add_; it gathers x[rows] once more for the weight gradient.
     bias_grad_elsewhere: the bias's gradient comes from DownProj (its fused backward sums
     dpre's columns in its epilogue, given up_bias) and this backward returns none; only
-    where h is not differentiable (pre's gradient is then DownProj's dpre, whole)."""
+    where h is not differentiable (pre's gradient is then DownProj's dpre, whole).
+    w_linear (halves only; no rows, no scale): w_up's [gate | linear] halves as two tensors,
+    w the gate half and w_linear the linear one, each (E, H, I) (torchtitan's w1, w3 read
+    transposed), read in place by every GEMM; their gradients come back as two tensors."""
 
     @staticmethod
     def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None,
-                bias_grad_elsewhere=False):
-        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows)
+                bias_grad_elsewhere=False, w_linear=None):
+        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear)
         ctx.set_materialize_grads(False)
         if not h_differentiable:
             ctx.mark_non_differentiable(h)
@@ -179,25 +194,27 @@ class UpProj(torch.autograd.Function):
         # backward, before this backward allocates dW_up (1 GiB less at the peak for
         # GPT-OSS-20B). The unfused route recomputes it (x, W_up, bias are inputs: saving
         # them costs nothing).
-        ctx.save_for_backward(x, w, offs, bias, scale, rows, token_rows)
+        ctx.save_for_backward(x, w, offs, bias, scale, rows, token_rows, w_linear)
         return h, pre
 
     @staticmethod
     def backward(ctx, grad_h, grad_pre):
-        x, w, offs, bias, scale, rows, token_rows = ctx.saved_tensors
+        x, w, offs, bias, scale, rows, token_rows, w_linear = ctx.saved_tensors
         act = ctx.act
         dpre = grad_pre
         # h took gradient outside the fused route (grouped_mm_swiglu's swiglu_out used twice).
         # torch.compile may hand a zero grad_h here rather than None: still correct.
         if grad_h is not None:
-            pre = _act_fwd(x, w, offs, bias, scale, act, rows)[1]  # same bits as the forward's
+            pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear)[1]  # the forward's bits
             d = as_gate_linear(act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit), act.gate_linear)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
-            return (None,) * 10
+            return (None,) * 11
         dpre = dpre.contiguous()
         need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
         need_b = need_b and not ctx.bias_grad_elsewhere
+        if w_linear is not None:  # no rows, no scale (expert_ffn joins the halves otherwise)
+            return UpProj._halves_pair_grads(ctx, x, w, w_linear, offs, dpre, need_x, need_w, need_b)
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
         if rows is not None:
             if dx is not None and token_rows is not None:
@@ -208,7 +225,20 @@ class UpProj(torch.autograd.Function):
             x = torch.ops.cute_moe.gather_rows(x, rows, None) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
-        return dx, dw, None, db, dscale, None, None, None, None, None
+        return dx, dw, None, db, dscale, None, None, None, None, None, None
+
+    @staticmethod
+    def _halves_pair_grads(ctx, x, w, w_linear, offs, dpre, need_x, need_w, need_b):
+        """The gradients with the halves as two tensors: dx = dpre @ [w; w_linear]^T in one
+        GEMM reading both (K = 2I split between them), and each half's weight gradient from
+        its half of dpre (a column slice, read in place), in its own layout."""
+        inter = w.shape[2]
+        need_w_linear = ctx.needs_input_grad[10]
+        dx = _mm_split(dpre, w.transpose(-2, -1), w_linear.transpose(-2, -1), offs) if need_x else None
+        dw = _wgrad(x, dpre[:, :inter], offs, w, w.dtype) if need_w else None
+        dw_linear = _wgrad(x, dpre[:, inter:], offs, w_linear, w_linear.dtype) if need_w_linear else None
+        db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
+        return dx, dw, None, db, None, None, None, None, None, None, dw_linear
 
 
 class DownProj(torch.autograd.Function):

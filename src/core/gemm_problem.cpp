@@ -56,6 +56,8 @@ GemmProblem lower(const RaggedMGemmArgs& a) {
   p.a_rows = a.x_rows;
   p.b = {a.w, p.b_k_major ? a.w_stride_n : a.w_stride_k};
   p.b_group_stride = a.w_stride_group;
+  p.b_hi = a.w_hi;
+  p.b_k_split = a.k_split;
   p.d = {a.y, a.ldy};
   p.bias = a.bias;
   p.bias_group_stride = a.bias_stride_group;
@@ -86,6 +88,7 @@ GemmProblem lower(const ActForwardArgs& a) {
                                             : KernelVariant::ActFwd_BRow;
   add_act_forward(p, a.act, a.h, a.ldh);
   p.b_halves = a.gate_linear == GateLinear::kHalves;
+  p.b_linear = a.w_linear;
   return p;
 }
 

@@ -62,8 +62,11 @@ struct GemmProblem {
                                          //   ragged K: (blocks, k) of a_t (below)
   Operand b;                             // ragged M: W[g] at b.ptr + g * b_group_stride;
   int64_t b_group_stride = 0;            //   ragged K: dy (m, n)
+  const void* b_hi = nullptr;            // ragged M: W's k rows from b_k_split on, in a second
+  int64_t b_k_split = 0;                 //   tensor with b's strides (0: none)
   bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
   bool b_halves = false;                 // act forward: W's gate / linear columns as [gate | linear]
+  const void* b_linear = nullptr;        //   with the linear half here (null: after the gate half in b)
   BlockScales b_scales;                  // FP8: B's 128 x 128 block scales, (groups, ceil(n / 128),
                                          //   ceil(k / 128))
   Operand c;                             // epilogue source (act backward: pre)

@@ -271,9 +271,17 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
     w.b = p.b.ptr;
     w.ldb = p.b.ld;
     w.b_batch = p.b_group_stride;
-    if (p.b_halves) {  // (gate j, linear j) at columns j and n/2 + j
-      w.b_pair_stride = p.n / 2;
-      w.b_feature_stride = 1;
+    w.b_hi = p.b_hi;
+    w.b_k_split = p.b_k_split;
+    // The paired B's (member, feature) strides in elements: (gate j, linear j) at columns
+    // (2j, 2j + 1), or (j, n/2 + j), or column j of two tensors b_linear - b elements apart.
+    w.b_pair_stride = p.b.ld;
+    w.b_feature_stride = 2 * p.b.ld;
+    if (p.b_halves) {
+      w.b_pair_stride = p.b_linear != nullptr
+                            ? (static_cast<const char*>(p.b_linear) - static_cast<const char*>(p.b.ptr)) / 2
+                            : p.n / 2 * p.b.ld;
+      w.b_feature_stride = p.b.ld;
     }
     w.groups = p.num_groups;
     w.n = p.n;

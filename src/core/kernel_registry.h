@@ -74,11 +74,17 @@ struct WholeOperands {
   const void* b = nullptr;  // leading dimension ldb
   int64_t ldb = 0;
   int64_t b_batch = 0;      // ragged M only
-  // Fused gated forward over a k-contiguous weight: the N-index distances between a
-  // (gate, linear) pair's members and between consecutive features. Interleaved (1, 2);
-  // [gate | linear] halves (n/2, 1).
-  int64_t b_pair_stride = 1;
-  int64_t b_feature_stride = 2;
+  // Fused gated forward over a k-contiguous weight: the distances in elements between a
+  // (gate, linear) pair's members and between consecutive features. Interleaved
+  // (ldb, 2 ldb); [gate | linear] halves (n/2 ldb, ldb); the halves as two tensors
+  // (linear - gate, ldb).
+  int64_t b_pair_stride = 0;
+  int64_t b_feature_stride = 0;
+  // Ragged M, B's k rows in two tensors (the input gradient through torchtitan's w1, w3):
+  // k < b_k_split from b, the rest from b_hi (k - b_k_split), both with b's strides.
+  // 0: B whole in b. A multiple of the tile's k (host-checked).
+  const void* b_hi = nullptr;
+  int64_t b_k_split = 0;
   int32_t groups = 0;
   int64_t n = 0;
   int64_t k = 0;

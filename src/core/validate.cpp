@@ -1,5 +1,6 @@
 // Host-side argument validation of the core API: every rule a kernel relies on, checked
 // before anything is enqueued, with messages that carry the actual values.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -72,8 +73,9 @@ class Checker : public detail::ArgRules<Checker> {
 
 namespace {
 
-// The rules of RaggedMGemmArgs; `gather`: whether the calling op takes gather_rows.
-Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather) {
+// The rules of RaggedMGemmArgs; `gather`, `split`: whether the calling op takes gather_rows,
+// w_hi.
+Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather, bool split = false) {
   Checker c(op);
   if (a.gather_rows != nullptr) {
     c.require(gather, "gather_rows is fused into act_forward only (gather the rows first, e.g. with permute_rows)");
@@ -91,6 +93,8 @@ Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather) 
             "an (E, n, k) one), got w_stride_k=", a.w_stride_k, ", w_stride_n=", a.w_stride_n);
   if (a.w_stride_n == 1) {
     c.leading_dim("w_stride_k", a.w_stride_k, a.n, "n");
+  } else if (a.w_hi != nullptr && a.k_split > 0 && a.k_split < a.k) {  // each tensor holds its own rows
+    c.leading_dim("w_stride_n", a.w_stride_n, std::max(a.k_split, a.k - a.k_split), "the rows of w and of w_hi");
   } else {
     c.leading_dim("w_stride_n", a.w_stride_n, a.k, "k");
   }
@@ -101,12 +105,19 @@ Result validate_ragged_m(const RaggedMGemmArgs& a, const char* op, bool gather) 
     c.require(a.bias_stride_group >= 0 && a.bias_stride_group % 8 == 0,
               "bias_stride_group must be a non-negative multiple of 8 elements, got ", a.bias_stride_group);
   }
+  if (a.w_hi != nullptr || a.k_split != 0) {
+    c.require(split, "w_hi / k_split (W's k rows in two tensors) are taken by ragged_m_gemm only");
+    c.pointer("w_hi", a.w_hi);
+    c.require(a.k_split > 0 && a.k_split < a.k && a.k_split % kSplitKMultiple == 0,
+              "k_split (W's rows from w, the rest from w_hi) must be a positive multiple of ", kSplitKMultiple,
+              " below k=", a.k, ", got k_split=", a.k_split);
+  }
   return c.result();
 }
 
 }  // namespace
 
-Result validate(const RaggedMGemmArgs& a) { return validate_ragged_m(a, "ragged_m_gemm", false); }
+Result validate(const RaggedMGemmArgs& a) { return validate_ragged_m(a, "ragged_m_gemm", false, true); }
 
 Result validate(const RaggedKGemmArgs& a) {
   Checker c("ragged_k_gemm");
@@ -192,6 +203,13 @@ Result validate(const ActForwardArgs& a) {
               "gate_linear kHalves needs W k-contiguous (w_stride_k == 1, e.g. the (E, 2I, H) storage read "
               "transposed), got w_stride_k=",
               a.gemm.w_stride_k);
+  }
+  if (a.w_linear != nullptr) {
+    c.require(a.gate_linear == GateLinear::kHalves, "w_linear (the linear half as its own tensor) needs gate_linear kHalves");
+    const int64_t apart = int64_t(reinterpret_cast<uintptr_t>(a.w_linear)) - int64_t(reinterpret_cast<uintptr_t>(a.gemm.w));
+    c.require(apart > 0 && apart % 16 == 0 && apart < (int64_t(1) << 40),
+              "w_linear must lie after w (the gate half), a multiple of 16 bytes and less than 2^40 bytes beyond it "
+              "(one TMA stride spans the two tensors), got ", apart, " bytes");
   }
   return c.result();
 }

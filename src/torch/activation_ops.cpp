@@ -40,20 +40,58 @@ at::Tensor interleave_halves(const at::Tensor& t) {
   return t.reshape(split).transpose(-2, -1).reshape(sizes);
 }
 
-// (h, pre): pre = scale[e] * (x @ w[e]) + bias[e], h = act(pre).
+// [w | w_linear] (E, K, I) x 2 -> (E, K, 2I), k-contiguous where both are.
+at::Tensor join_halves(const at::Tensor& w, const at::Tensor& w_linear) {
+  if (w.stride(1) == 1 && w_linear.stride(1) == 1) {
+    return at::cat({w.transpose(1, 2), w_linear.transpose(1, 2)}, 1).transpose(1, 2);
+  }
+  return at::cat({w, w_linear}, 2);
+}
+
+// Whether the forward reads the halves as two tensors in place (ActForwardArgs::w_linear):
+// one set of strides, k-contiguous, the linear half after the gate half by a multiple of
+// 16 bytes below 2^40 (one TMA stride spans them).
+bool halves_in_place(const at::Tensor& w, const at::Tensor& w_linear) {
+  const int64_t apart = reinterpret_cast<intptr_t>(w_linear.data_ptr()) - reinterpret_cast<intptr_t>(w.data_ptr());
+  return w.stride(1) == 1 && w_linear.strides() == w.strides() && apart > 0 && apart % 16 == 0 &&
+         apart < (int64_t(1) << 40);
+}
+
+// (h, pre): pre = scale[e] * (x @ w[e]) + bias[e], h = act(pre). w_linear: the [gate |
+// linear] halves as two tensors, w the gate half and w_linear the linear one, each (E, K, I)
+// (torchtitan's w1, w3 read transposed); read in place where halves_in_place, else joined.
 std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, const at::Tensor& w,
                                                        const at::Tensor& offs, const std::optional<at::Tensor>& bias,
                                                        const std::optional<at::Tensor>& scale,
                                                        const std::string& activation, double alpha,
-                                                       std::optional<double> limit, const std::string& gate_linear) {
+                                                       std::optional<double> limit, const std::string& gate_linear,
+                                                       const std::optional<at::Tensor>& w_linear) {
   const ActivationOptions opts = activation_options(activation, alpha, limit);
   TORCH_CHECK(activation_info(opts.activation).fused_forward, "cute_moe: grouped_mm_act: activation '", activation,
               "' has no fused forward (h = pre): use grouped_mm_scaled");
   const bool gated = is_gated(opts.activation);
   const GateLinear layout = gate_linear_of(gate_linear, opts);
+  if (w_linear.has_value()) {
+    TORCH_CHECK(layout == GateLinear::kHalves,
+                "cute_moe: w_linear (the linear half as its own tensor) needs gate_linear='halves'");
+    check_cuda_tensor(w, "w", at::kBFloat16, 3, x);
+    check_cuda_tensor(*w_linear, "w_linear", at::kBFloat16, 3, x);
+    TORCH_CHECK(w_linear->sizes() == w.sizes(), "cute_moe: w_linear must have the gate half's shape (E, K, I) = ",
+                w.sizes(), ", got ", w_linear->sizes());
+    if (!halves_in_place(w, *w_linear)) {
+      return grouped_mm_act_cuda(x, join_halves(w, *w_linear), offs, bias, scale, activation, alpha, limit,
+                                 gate_linear, std::nullopt);
+    }
+  }
+  const int64_t n = w_linear.has_value() ? 2 * w.size(2) : w.size(2);  // pre's columns
   check_ragged_m_operands(x, w, offs);
-  check_bias(bias, w, x);
-  TORCH_CHECK(!gated || w.size(2) % 2 == 0, "cute_moe: ", activation,
+  if (bias.has_value()) {
+    check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);
+    TORCH_CHECK(bias->size(0) == w.size(0) && bias->size(1) == n, "cute_moe: bias must be (E, N) = (", w.size(0),
+                ", ", n, "), got ", bias->sizes());
+    check_row_major(*bias, "bias");
+  }
+  TORCH_CHECK(!gated || n % 2 == 0, "cute_moe: ", activation,
               " needs an even number of columns in w (gate/linear pairs), got ", w.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   // The kernel adds the bias in the order it computes the columns, interleaved: halves are
@@ -62,17 +100,20 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
       bias.has_value() && layout == GateLinear::kHalves ? std::optional<at::Tensor>(interleave_halves(*bias)) : bias;
   if (layout == GateLinear::kHalves && w.stride(1) != 1) {
     // halves are read in place from a k-contiguous W only; an n-contiguous one is copied
-    return grouped_mm_act_cuda(x, interleave_halves(w), offs, b, scale, activation, alpha, limit, "interleaved");
+    return grouped_mm_act_cuda(x, interleave_halves(w), offs, b, scale, activation, alpha, limit, "interleaved",
+                               std::nullopt);
   }
-  at::Tensor pre = at::empty({x.size(0), w.size(2)}, x.options());
-  at::Tensor h = at::empty({x.size(0), gated ? w.size(2) / 2 : w.size(2)}, x.options());
+  at::Tensor pre = at::empty({x.size(0), n}, x.options());
+  at::Tensor h = at::empty({x.size(0), gated ? n / 2 : n}, x.options());
   ActForwardArgs a;
   a.gemm = ragged_m_args(x, w, offs, b, pre);
+  a.gemm.n = n;
   a.gemm.group_scale = optional_scales(scale, "scale", w.size(0), "E", x);
   a.h = h.data_ptr();
   a.ldh = row_stride(h);
   a.act = opts;
   a.gate_linear = layout;
+  if (w_linear.has_value()) a.w_linear = w_linear->data_ptr();
   if (a.gemm.m == 0) return {h, pre};
   enqueue_planned(act_forward, a, x);
   return {h, pre};
@@ -162,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_cuda(const at::Tensor& x, c
                                                           const at::Tensor& offs,
                                                           const std::optional<at::Tensor>& bias, double alpha,
                                                           std::optional<double> limit) {
-  return grouped_mm_act_cuda(x, w, offs, bias, std::nullopt, "swiglu_oai", alpha, limit, "interleaved");
+  return grouped_mm_act_cuda(x, w, offs, bias, std::nullopt, "swiglu_oai", alpha, limit, "interleaved", std::nullopt);
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& w,
@@ -190,7 +231,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
          ") -> (Tensor, Tensor)")
             .c_str());
   m.def(("grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? scale=None, " + kActDefaults +
-         ", str gate_linear=\"interleaved\") -> (Tensor, Tensor)")
+         ", str gate_linear=\"interleaved\", Tensor? w_linear=None) -> (Tensor, Tensor)")
             .c_str());
   m.def(("grouped_mm_act_gathered(Tensor x, Tensor rows, Tensor w, Tensor offs, Tensor? bias=None, "
          "Tensor? scale=None, " +

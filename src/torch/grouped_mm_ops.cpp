@@ -17,14 +17,33 @@ namespace cute_moe::torch_ops {
 
 namespace {
 
+// w_hi: W's rows past w's in a tensor of their own, y = x @ [w; w_hi] (the input gradient
+// through an up projection kept as two parameters, torchtitan's w1 and w3). Read in place
+// where both have one set of strides and w's rows are a multiple of kSplitKMultiple; else
+// joined into one tensor first (a copy).
 at::Tensor grouped_mm_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
-                           const std::optional<at::Tensor>& bias) {
-  check_ragged_m_operands(x, w, offs);
+                           const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& w_hi) {
+  if (w_hi.has_value()) {
+    check_cuda_tensor(*w_hi, "w_hi", at::kBFloat16, 3, x);
+    check_cuda_tensor(w, "w", at::kBFloat16, 3, x);
+    TORCH_CHECK(x.dim() == 2 && w_hi->size(0) == w.size(0) && w_hi->size(2) == w.size(2) &&
+                    w.size(1) + w_hi->size(1) == x.size(1),
+                "cute_moe: w and w_hi must be (E, K1, N) and (E, K2, N) with K1 + K2 = x.size(1), got x ", x.sizes(),
+                ", w ", w.sizes(), ", w_hi ", w_hi->sizes());
+    if (w.size(1) == 0 || w_hi->size(1) == 0 || w.size(1) % kSplitKMultiple != 0 || w_hi->strides() != w.strides()) {
+      return grouped_mm_cuda(x, at::cat({w, *w_hi}, 1), offs, bias, std::nullopt);
+    }
+  }
+  check_ragged_m_operands(x, w, offs, w_hi.has_value() ? w.size(1) : -1);
   check_bias(bias, w, x);
 
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), w.size(2)}, x.options());
   RaggedMGemmArgs a = ragged_m_args(x, w, offs, bias, y);
+  if (w_hi.has_value()) {
+    a.w_hi = w_hi->data_ptr();
+    a.k_split = w.size(1);
+  }
   if (a.m == 0) return y;
 
   enqueue_planned(ragged_m_gemm, a, x);
@@ -173,7 +192,7 @@ std::vector<std::string> kernel_table() {
 
 TORCH_LIBRARY(cute_moe, m) {
   m.def("kernel_table() -> str[]", &kernel_table);
-  m.def("grouped_mm(Tensor x, Tensor w, Tensor offs, Tensor? bias=None) -> Tensor");
+  m.def("grouped_mm(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? w_hi=None) -> Tensor");
   m.def(
       "grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, ScalarType? out_dtype=None, bool bias_grad=False) "
       "-> (Tensor, Tensor)");

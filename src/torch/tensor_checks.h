@@ -118,10 +118,13 @@ inline RaggedMGemmArgs ragged_m_args(const at::Tensor& x, const at::Tensor& w, c
 }
 
 // x (M, K) bf16 row-major, w (E, K, N) bf16 in one of its two layouts, offs (E,) int32.
-inline void check_ragged_m_operands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+// w_rows: w's K when it holds only the first of x's columns' rows (the rest elsewhere).
+inline void check_ragged_m_operands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                                    int64_t w_rows = -1) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_cuda_tensor(w, "w", at::kBFloat16, 3, x);
-  TORCH_CHECK(w.size(1) == x.size(1), "cute_moe: w must be (E, K, N) with K = x.size(1) = ", x.size(1),
+  const int64_t k = w_rows < 0 ? x.size(1) : w_rows;
+  TORCH_CHECK(w.size(1) == k, "cute_moe: w must be (E, K, N) with K = ", k, w_rows < 0 ? " = x.size(1)" : "",
               ", got w of shape ", w.sizes());
   check_row_major(x, "x");
   TORCH_CHECK(w.stride(2) == 1 || w.stride(1) == 1,

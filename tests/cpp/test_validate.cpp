@@ -234,6 +234,60 @@ TEST(ValidateActivation, HalvesLayoutRules) {
   expect_rejected(b, "dpre_layout kHalves needs a gated activation, got none");
 }
 
+TEST(ValidateRaggedM, SplitWeightRules) {
+  // W's k rows in two tensors (ragged_m_gemm only): k_split a positive multiple of 128 below k
+  RaggedMGemmArgs a = valid_m();  // k = 1440
+  a.w_hi = fake(0x60000);
+  a.k_split = 768;
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.k_split = 720;  expect_rejected(a, "k_split (W's rows from w, the rest from w_hi) must be a positive multiple "
+                                       "of 128 below k=1440, got k_split=720");
+  a.k_split = 1536; expect_rejected(a, "got k_split=1536");
+  a.k_split = 0;    expect_rejected(a, "got k_split=0");
+  a.k_split = 768;
+  a.w_hi = fake(0x60008); expect_rejected(a, "w_hi must be 16-byte aligned");
+  a.w_hi = nullptr;       expect_rejected(a, "w_hi must not be null");
+  // k-contiguous W: each tensor's rows span only its own k rows
+  a = valid_m();
+  a.w_hi = fake(0x60000);
+  a.k_split = 1024;
+  a.w_stride_k = 1; a.w_stride_n = 1024;
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a.w_stride_n = 1016; expect_rejected(a, "w_stride_n=1016");
+
+  cute_moe::ActBackwardArgs b;
+  b.gemm = valid_m();
+  b.gemm.w_hi = fake(0x60000);
+  b.gemm.k_split = 768;
+  b.pre = fake(0x80000);
+  b.ldpre = 2 * b.gemm.n;
+  b.dpre = fake(0x90000);
+  b.lddpre = 2 * b.gemm.n;
+  expect_rejected(b, "act_backward: w_hi / k_split (W's k rows in two tensors) are taken by ragged_m_gemm only");
+}
+
+TEST(ValidateActivation, HalvesAsTwoTensorsRules) {
+  using cute_moe::GateLinear;
+  cute_moe::ActForwardArgs f;
+  f.gemm = valid_m();  // n = 2880 = 2I, the gate half at w
+  f.gemm.w_stride_k = 1;
+  f.gemm.w_stride_n = f.gemm.k;
+  f.gemm.w_stride_group = f.gemm.k * f.gemm.n / 2;
+  f.h = fake(0x70000);
+  f.ldh = f.gemm.n / 2;
+  f.w_linear = fake(0x30000 + 0x1000);  // 4096 bytes after the gate half
+  expect_rejected(f, "w_linear (the linear half as its own tensor) needs gate_linear kHalves");
+  f.gate_linear = GateLinear::kHalves;
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+  f.w_linear = fake(0x30000 - 0x1000);
+  expect_rejected(f, "w_linear must lie after w (the gate half), a multiple of 16 bytes and less than 2^40 bytes "
+                     "beyond it (one TMA stride spans the two tensors), got -4096 bytes");
+  f.w_linear = fake(0x30000 + (uintptr_t(1) << 40));
+  expect_rejected(f, "got 1099511627776 bytes");
+  f.w_linear = fake(0x30000);
+  expect_rejected(f, "got 0 bytes");
+}
+
 TEST(StatusNames, AreReadable) {
   EXPECT_STREQ(cute_moe::status_name(Status::kInvalidArgument), "invalid argument");
   EXPECT_STREQ(cute_moe::dtype_name(cute_moe::DType::kF32), "float32");

@@ -159,3 +159,61 @@ def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
     errors = {f"d{k}": testing.rel_error(a, b) for k, a, b in zip(names, ga, gb)}
     bad = {k: v for k, v in errors.items() if not v <= tol}
     assert not bad, f"{activation}: combine vs unpermute after: {bad}"
+
+
+def check_halves_pair(leaves, offs, activation, placement, exact=True):
+    """expert_ffn with w_up as the pair (w_gate, w_linear) of (E, H, I) tensors (the halves
+    apart, torchtitan's w1^T and w3^T) against expert_ffn on the one [gate | linear] tensor
+    they make (the transposed view of an (E, 2I, H) tensor): the output and every gradient,
+    bit for bit where `exact` (the same tiles reach the same kernels: the pair is read in
+    place by the forward, the input gradient and the weight gradients), else to 1e-2.
+    placement: where w_linear's storage lies: "above" w_gate's (the forward's B load spans
+    both), "apart" (above, one tensor between), "below" (the forward joins them; the
+    backward reads them in place), "separate" (two allocations in any order).
+    The block takes no scale_up (a pair with one is joined)."""
+    import cute_moe
+    from cute_moe.repack import interleaved_to_halves
+    halves = interleaved_to_halves(leaves["w_up"].detach(), -1)  # (E, H, 2I) [gate | linear]
+    inter = halves.shape[2] // 2
+    w1 = halves[..., :inter].transpose(-2, -1).contiguous()  # (E, I, H), torchtitan's w1
+    w3 = halves[..., inter:].transpose(-2, -1).contiguous()
+    if placement == "separate":
+        params = [w1.clone().requires_grad_(), w3.clone().requires_grad_()]
+        pair = [params[0].transpose(-2, -1), params[1].transpose(-2, -1)]
+    else:
+        order = {"above": (w1, w3), "apart": (w1, torch.zeros_like(w1), w3), "below": (w3, w1)}
+        buf = torch.stack(order[placement]).requires_grad_()
+        gate, linear = {"above": (0, 1), "apart": (0, 2), "below": (1, 0)}[placement]
+        params = [buf]
+        pair = [buf[gate].transpose(-2, -1), buf[linear].transpose(-2, -1)]
+    joined = torch.cat([w1, w3], dim=1).requires_grad_()  # (E, 2I, H)
+    b_up = leaves.get("b_up")
+    b_up = interleaved_to_halves(b_up.detach(), -1).requires_grad_() if b_up is not None else None
+    kw = dict(activation=activation, prob=leaves.get("prob"), scale_down=leaves.get("scale_down"),
+              gate_linear="halves")
+    out = cute_moe.expert_ffn(leaves["x"], tuple(pair), leaves["w_down"], offs, b_up,
+                              leaves.get("b_down"), **kw)
+    others = [t for t in (leaves["x"], leaves["w_down"], b_up, leaves.get("b_down"),
+                          leaves.get("prob"), leaves.get("scale_down")) if t is not None]
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.device, BF16)
+    got = torch.autograd.grad(out, params + others, dy)
+    if placement == "separate":
+        got_w1, got_w3 = got[0], got[1]
+    else:
+        got_w1, got_w3 = got[0][gate], got[0][linear]
+        if placement == "apart":  # the tensor between the two is not read
+            assert torch.all(got[0][1] == 0)
+    got = got[len(params):]
+    want_out = cute_moe.expert_ffn(leaves["x"], joined.transpose(-2, -1), leaves["w_down"], offs,
+                                   b_up, leaves.get("b_down"), **kw)
+    want = torch.autograd.grad(want_out, [joined] + others, dy)
+    want_w1, want_w3 = want[0][:, :inter], want[0][:, inter:]
+    pairs = {"out": (out, want_out), "dw1": (got_w1, want_w1), "dw3": (got_w3, want_w3)}
+    pairs.update({f"d{i}": (a, b) for i, (a, b) in enumerate(zip(got, want[1:]))})
+    for name, (a, b) in pairs.items():
+        assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
+        if exact:
+            assert torch.equal(a, b), f"{placement}: {name} differs from the joined tensor's"
+        else:
+            err = testing.rel_error(a, b.float())
+            assert err <= 1e-2, f"{placement}: {name}: relative error {err}"

@@ -9,7 +9,8 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import ACTIVATIONS, check_block, check_combine, check_halves_block, make_block, run_ours
+from expert_ffn_cases import (ACTIVATIONS, check_block, check_combine, check_halves_block, check_halves_pair,
+                             make_block, run_ours)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -100,7 +101,7 @@ def test_schemas():
     assert str(ops.grouped_mm_act.default._schema) == (
         "cute_moe::grouped_mm_act(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
         "Tensor? scale=None, str activation=\"swiglu_oai\", float alpha=1.702, float? limit=None, "
-        "str gate_linear=\"interleaved\") -> (Tensor, Tensor)")
+        "str gate_linear=\"interleaved\", Tensor? w_linear=None) -> (Tensor, Tensor)")
     assert str(ops.grouped_mm_scaled.default._schema) == (
         "cute_moe::grouped_mm_scaled(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, "
         "Tensor? scale=None, Tensor? prob=None) -> Tensor")
@@ -161,6 +162,58 @@ def test_halves_layout_needs_a_gated_activation():
     with pytest.raises(ValueError, match="gate_linear"):
         cute_moe.expert_ffn(leaves["x"], leaves["w_up"], leaves["w_down"], offs,
                             activation="srelu", gate_linear="pairs")
+
+
+@pytest.mark.parametrize("activation, bias", [("swiglu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("placement", ["above", "below", "separate"])
+def test_halves_pair_is_the_joined_tensor(activation, bias, placement):
+    # on the CPU the pair is joined (the kernels read it in place on the GPU): the gradients
+    # reach both tensors of the pair
+    leaves, offs = make_block(80, 32, 16, 6, activation, bias=bias, prob=True, scale=False,
+                              routing="empty")
+    check_halves_pair(leaves, offs, activation, placement)
+
+
+def test_halves_pair_up_projection_backward():
+    """UpProj with w_linear (the route the GPU takes for a pair): the input gradient from
+    one GEMM over both tensors, each half's weight gradient from its half of dpre, the bias
+    gradient over both halves; the same as UpProj on the joined tensor."""
+    from cute_moe.ffn_autograd import Act, UpProj
+    g = torch.Generator().manual_seed(4)
+    e, hidden, inter, m = 3, 32, 16, 40
+    x = torch.randn(m, hidden, generator=g).to(torch.bfloat16).requires_grad_()
+    w1, w3 = (torch.randn(e, inter, hidden, generator=g).mul(0.2).to(torch.bfloat16).requires_grad_()
+              for _ in range(2))
+    b = torch.randn(e, 2 * inter, generator=g).to(torch.bfloat16).requires_grad_()
+    offs = torch.tensor([10, 10, 33], dtype=torch.int32)
+    act = Act("swiglu", 1.702, None, "halves")
+    dpre = torch.randn(m, 2 * inter, generator=g).to(torch.bfloat16)
+    _, pre = UpProj.apply(x, w1.transpose(-2, -1), offs, b, None, act, False, None, None, False,
+                          w3.transpose(-2, -1))
+    got = torch.autograd.grad(pre, [x, w1, w3, b], dpre)
+    joined = torch.cat([w1, w3], dim=1)
+    _, pre_ref = UpProj.apply(x, joined.transpose(-2, -1), offs, b, None, act, False)
+    want = torch.autograd.grad(pre_ref, [x, w1, w3, b], dpre)
+    assert torch.equal(pre, pre_ref)
+    for name, a, w in zip(("dx", "dw1", "dw3", "db"), got, want):
+        assert a.shape == w.shape and torch.equal(a, w), name
+
+
+def test_halves_pair_errors():
+    leaves, offs = make_block(32, 16, 8, 2, "swiglu", bias=False, prob=False, scale=False)
+    w = leaves["w_up"]
+    gate, linear = w[..., :8], w[..., 8:]
+    with pytest.raises(ValueError, match=r"w_up as a pair \(w_gate, w_linear\) needs gate_linear='halves'"):
+        cute_moe.expert_ffn(leaves["x"], (gate, linear), leaves["w_down"], offs, activation="swiglu")
+    with pytest.raises(ValueError, match=r"the pair's tensors must have one shape \(E, H, I\)"):
+        cute_moe.expert_ffn(leaves["x"], (gate, linear[..., :4]), leaves["w_down"], offs,
+                            activation="swiglu", gate_linear="halves")
+    with pytest.raises(ValueError, match=r"expected a tensor or a pair"):
+        cute_moe.expert_ffn(leaves["x"], (gate, linear, linear), leaves["w_down"], offs,
+                            activation="swiglu", gate_linear="halves")
+    with pytest.raises(ValueError, match=r"w_up\[1\]: expected dtype torch.bfloat16"):
+        cute_moe.expert_ffn(leaves["x"], (gate, linear.float()), leaves["w_down"], offs,
+                            activation="swiglu", gate_linear="halves")
 
 
 @pytest.mark.parametrize("activation", ["swiglu_oai", "swiglu", "none"])

@@ -10,8 +10,8 @@ import torch
 import cute_moe
 from cute_moe import reference as ref, testing
 
-from expert_ffn_cases import (ACTIVATIONS, BF16, check_block, check_combine, check_halves_block, make_block,
-                             run_ours)
+from expert_ffn_cases import (ACTIVATIONS, BF16, check_block, check_combine, check_halves_block,
+                             check_halves_pair, make_block, run_ours)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -144,6 +144,68 @@ def test_halves_kernels_give_the_interleaved_bits(activation):
     # the bias gradient in the weight's layout, the same sums (the same values in the same
     # order: only the columns move)
     assert torch.equal(db2, interleaved_to_halves(db, -1))
+
+
+@pytest.mark.parametrize("activation, bias", [("swiglu", False), ("swiglu_oai", True), ("geglu", True)])
+@pytest.mark.parametrize("placement", ["above", "apart", "below", "separate"])
+def test_halves_pair_gives_the_joined_bits(activation, bias, placement):
+    """w_up as the pair (w_gate, w_linear) (torchtitan's w1, w3): the kernels read the two
+    tensors in place and compute exactly what they compute on the joined tensor."""
+    leaves, offs = make_block(1100, 256, 256, 7, activation, bias=bias, prob=True, scale=False,
+                              routing="empty", device="cuda", padding=33, seed=29)
+    check_halves_pair(leaves, offs, activation, placement)
+
+
+@pytest.mark.parametrize("inter", [200, 136])
+def test_halves_pair_joined_where_not_in_place(inter):
+    """I not a multiple of 128: the pair is joined per call, the same function."""
+    leaves, offs = make_block(700, 128, inter, 5, "swiglu", bias=True, prob=True, scale=False,
+                              routing="skewed", device="cuda", padding=9, seed=31)
+    check_halves_pair(leaves, offs, "swiglu", "separate")
+
+
+@pytest.mark.parametrize("placement, copies", [("above", False), ("below", True)])
+def test_halves_pair_read_in_place(placement, copies):
+    """No copy of the weights where w_linear lies above w_gate (forward and backward); below
+    it, the forward joins them (one aten::cat) and the backward still reads them apart."""
+    from cute_moe.repack import interleaved_to_halves
+    leaves, offs = make_block(512, 128, 128, 4, "swiglu", bias=False, prob=False, scale=False,
+                              device="cuda", seed=37)
+    halves = interleaved_to_halves(leaves["w_up"].detach(), -1).transpose(-2, -1)  # (E, 2I, H)
+    buf = torch.stack([halves[:, :128], halves[:, 128:]] if placement == "above"
+                      else [halves[:, 128:], halves[:, :128]]).contiguous().requires_grad_()
+    pair = (buf[0], buf[1]) if placement == "above" else (buf[1], buf[0])
+    pair = tuple(t.transpose(-2, -1) for t in pair)
+    x, w_down = leaves["x"], leaves["w_down"]
+    with torch.autograd.profiler.profile() as prof:
+        out = cute_moe.expert_ffn(x, pair, w_down, offs, activation="swiglu", gate_linear="halves")
+        torch.autograd.grad(out.float().sum(), [x, buf, w_down])
+    cats = [e.name for e in prof.function_events if e.name == "aten::cat"]
+    assert bool(cats) == copies, cats
+
+
+def test_halves_pair_compiles_fullgraph():
+    leaves, offs = make_block(512, 128, 128, 4, "swiglu", bias=True, prob=True, scale=False,
+                              device="cuda", seed=41)
+    from cute_moe.repack import interleaved_to_halves
+    halves = interleaved_to_halves(leaves["w_up"].detach(), -1).transpose(-2, -1)
+    buf = torch.stack([halves[:, :128], halves[:, 128:]]).contiguous().requires_grad_()
+    b_up = interleaved_to_halves(leaves["b_up"].detach(), -1).requires_grad_()
+
+    def block(x, buf, w_down, b_up, b_down, prob):
+        pair = (buf[0].transpose(-2, -1), buf[1].transpose(-2, -1))
+        return cute_moe.expert_ffn(x, pair, w_down, offs, b_up, b_down, activation="swiglu",
+                                   prob=prob, gate_linear="halves").float().square().sum()
+
+    torch._dynamo.reset()
+    args = (leaves["x"], buf, leaves["w_down"], b_up, leaves["b_down"], leaves["prob"])
+    eager = block(*args)
+    eager_grads = torch.autograd.grad(eager, args)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(*args)
+    compiled_grads = torch.autograd.grad(compiled, args)
+    assert torch.equal(compiled, eager)
+    for a, b in zip(compiled_grads, eager_grads):
+        assert torch.equal(a, b)
 
 
 def test_halves_output_poisoned_first():

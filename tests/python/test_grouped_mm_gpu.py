@@ -290,3 +290,38 @@ def test_schedule_options_are_checked(monkeypatch, name, value, message):
     monkeypatch.setenv(name, value)
     with pytest.raises(RuntimeError, match=message):
         torch.ops.cute_moe.grouped_mm_wgrad(p.x, dy, p.offs, F32, False)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("k1, k2, e, routing", [
+    (128, 128, 8, "skewed"),    # the halves of an up projection: I = 128
+    (768, 768, 16, "empty"),    # Qwen3-30B-A3B's I
+    (128, 264, 3, "single"),    # more rows in the second tensor, a partial last k-tile
+    (256, 72, 1, "balanced"),   # fewer, partial
+    (200, 200, 5, "skewed"),    # not a multiple of 128: joined first (a copy)
+])
+def test_split_weight_gives_the_joined_bits(layout, k1, k2, e, routing):
+    """grouped_mm(x, w, offs, bias, w_hi): W's rows from two tensors (the second descriptor
+    past k1), bit for bit the GEMM over the joined tensor: the same tiles reach the MMA.
+    The second tensor lies below the first too (any order serves)."""
+    g = torch.Generator().manual_seed(k1 + k2 + e)
+    m, n = 1500, 136
+    sizes = testing.group_sizes(m - 17, e, routing, generator=g)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32).cuda()
+    x = torch.randn(m, k1 + k2, generator=g).to(BF16).cuda()
+    bias = torch.randn(e, n, generator=g).to(BF16).cuda()
+
+    def weight(k):
+        w = torch.randn(e, k, n, generator=g).mul(0.1).to(BF16).cuda()
+        return w if layout == "kn" else w.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+    w_hi, w_lo = weight(k2), weight(k1)  # w_hi allocated first: below w_lo, likely
+    joined = torch.cat([w_lo, w_hi], dim=1)
+    joined = joined if layout == "kn" else joined.transpose(-2, -1).contiguous().transpose(-2, -1)
+    want = torch.ops.cute_moe.grouped_mm(x, joined, offs, bias)
+    for _ in range(2):  # y reuses poison's block: every element is written
+        poison = torch.full((m, n), float("nan"), dtype=BF16, device="cuda")
+        del poison
+        got = torch.ops.cute_moe.grouped_mm(x, w_lo, offs, bias, w_hi)
+        assert torch.equal(got, want)
+    testing.assert_rel_close(got, grouped_mm_ref(x, joined, offs, bias, out_dtype=F32), "y")

@@ -211,17 +211,24 @@ def test_bf16_within_rounding_of_fp32(family):
         assert err <= max(testing.tolerance(BF16), 2 * base), (family, name, err, base)
 
 
-def test_stack_gate_up_is_one_tensor_in_the_kernel_dtype():
+def test_gate_up_pair_casts_into_one_buffer():
+    """fp32 w1, w3 (one GPU, no FSDP) are cast into the two halves of one bf16 buffer, w3's
+    above w1's (where the fused forward reads both in place); bf16 ones are passed as they are.
+    Each gets its gradient in its own dtype."""
     w1, w3 = torch.randn(3, 4, 8, requires_grad=True), torch.randn(3, 4, 8, requires_grad=True)
-    s = ctt.stack_gate_up(w1, w3, BF16)
-    assert s.shape == (3, 8, 8) and s.dtype == BF16 and s.is_contiguous()
-    assert torch.equal(s[:, :4], w1.detach().to(BF16)) and torch.equal(s[:, 4:], w3.detach().to(BF16))
-    g = torch.randn(3, 8, 8, dtype=BF16)
-    s.backward(g)
-    assert w1.grad.dtype == F32 and torch.equal(w1.grad, g[:, :4].float())
-    assert torch.equal(w3.grad, g[:, 4:].float())
-    with pytest.raises(ValueError, match=r"w1 and w3 of one shape"):
-        ctt.stack_gate_up(w1, w3[:, :2], BF16)
+    g, lin = ctt._gate_up_pair(w1, w3, BF16)
+    assert g.shape == (3, 8, 4) and g.dtype == BF16 and g.stride(1) == 1
+    assert lin.stride() == g.stride()
+    assert lin.data_ptr() - g.data_ptr() == w1.numel() * 2  # the next half of one buffer
+    assert torch.equal(g, w1.detach().to(BF16).transpose(-2, -1))
+    assert torch.equal(lin, w3.detach().to(BF16).transpose(-2, -1))
+    dg, dl = torch.randn(3, 8, 4, dtype=BF16), torch.randn(3, 8, 4, dtype=BF16)
+    torch.autograd.backward([g, lin], [dg, dl])
+    assert w1.grad.dtype == F32 and torch.equal(w1.grad, dg.float().transpose(-2, -1))
+    assert torch.equal(w3.grad, dl.float().transpose(-2, -1))
+    b1, b3 = w1.detach().to(BF16), w3.detach().to(BF16)
+    g, lin = ctt._gate_up_pair(b1, b3, BF16)
+    assert g.data_ptr() == b1.data_ptr() and lin.data_ptr() == b3.data_ptr()
 
 
 @pytest.mark.skipif(not cute_moe.library_loaded(), reason="needs the op library (its CPU kernels "

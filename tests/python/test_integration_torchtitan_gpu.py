@@ -162,16 +162,23 @@ class _Copies(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_gpt_oss_weights_read_in_place_and_llama_stacked_once():
+def test_weights_read_in_place():
+    """bf16 parameters (FSDP2's param_dtype) are read where they are: GPT-OSS's mlp1, and
+    w1, w3 as the pair of halves; fp32 ones (one GPU) get the per-call bf16 cast torchtitan's
+    own experts make (two copies, into one buffer), nothing else."""
     g = ctt.convert(_experts("gpt_oss", BF16))
     x, counts, _ = _inputs(COUNTS)
     with _Copies([g.mlp1_weight, g.mlp2_weight]) as mode:
         g(x.to(BF16), counts)
     assert mode.copies == []
     m = ctt.convert(_experts("llama", BF16))
-    with _Copies([m.w1, m.w3]) as mode:
+    with _Copies([m.w1, m.w3, m.w2]) as mode:
         m(x.to(BF16), counts)
-    assert mode.copies == ["copy_.default"] * 2, mode.copies  # the one [w1; w3] stack
+    assert mode.copies == [], mode.copies
+    m = ctt.convert(_experts("llama", F32))
+    with _Copies([m.w1, m.w3]) as mode:
+        m(x, counts)
+    assert mode.copies == ["copy_.default"] * 2, mode.copies  # the casts into one buffer
 
 
 # --- whole models, torchtitan's way ----------------------------------------------------

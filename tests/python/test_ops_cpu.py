@@ -21,7 +21,8 @@ ops = torch.ops.cute_moe if cute_moe.library_loaded() else None
 
 def test_schemas_and_registrations():
     assert str(ops.grouped_mm.default._schema) == (
-        "cute_moe::grouped_mm(Tensor x, Tensor w, Tensor offs, Tensor? bias=None) -> Tensor")
+        "cute_moe::grouped_mm(Tensor x, Tensor w, Tensor offs, Tensor? bias=None, Tensor? w_hi=None) "
+        "-> Tensor")
     assert str(ops.grouped_mm_wgrad.default._schema) == (
         "cute_moe::grouped_mm_wgrad(Tensor x, Tensor dy, Tensor offs, "
         "ScalarType? out_dtype=None, bool bias_grad=False) -> (Tensor, Tensor)")
@@ -186,6 +187,43 @@ def test_torch_compile_fullgraph(backend, layout):
     assert torch.equal(loss, step(*args))
     for a, b in zip(compiled_grads, eager_grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_split_weight(layout):
+    """grouped_mm(x, w, offs, bias, w_hi): W's rows in two tensors, y = x @ [w; w_hi]: the
+    CPU kernel, the fake kernel and the autograd formula (gradients to both tensors, in
+    their layouts) against grouped_mm on the joined tensor."""
+    g = torch.Generator().manual_seed(8)
+    e, k1, k2, n, m = 3, 16, 8, 24, 40
+    x = torch.randn(m, k1 + k2, generator=g).to(BF16).requires_grad_()
+
+    def weight(k):
+        w = torch.randn(e, k, n, generator=g).to(BF16)
+        w = w if layout == "kn" else w.transpose(-2, -1).contiguous()
+        return w.requires_grad_()
+
+    w_lo, w_hi, bias = weight(k1), weight(k2), torch.randn(e, n, generator=g).to(BF16).requires_grad_()
+    offs = torch.tensor([10, 10, 33], dtype=torch.int32)
+    view = (lambda w: w) if layout == "kn" else (lambda w: w.transpose(-2, -1))
+    dy = torch.randn(m, n, generator=g).to(BF16)
+    y = ops.grouped_mm(x, view(w_lo), offs, bias, view(w_hi))
+    got = torch.autograd.grad(y, [x, w_lo, w_hi, bias], dy)
+    joined = torch.cat([view(w_lo), view(w_hi)], dim=1)
+    y_ref = ops.grouped_mm(x, joined, offs, bias)
+    want = torch.autograd.grad(y_ref, [x, w_lo, w_hi, bias], dy)
+    assert torch.equal(y, y_ref)
+    for name, a, b in zip(("dx", "dw", "dw_hi", "db"), got, want):
+        assert a.shape == b.shape and torch.equal(a, b), name
+    assert got[1].is_contiguous() and got[2].is_contiguous()  # each in its tensor's layout
+    mode = FakeTensorMode()
+    fx, fw, fh, foffs = (mode.from_tensor(t) for t in (x.detach(), view(w_lo), view(w_hi), offs))
+    with mode:
+        assert ops.grouped_mm(fx, fw, foffs, None, fh).shape == (m, n)
+        with pytest.raises(ValueError, match=r"x: expected 24 columns \(w's rows and w_hi's\)"):
+            ops.grouped_mm(fx[:, :20], fw, foffs, None, fh)
+        with pytest.raises(ValueError, match=r"w_hi: expected shape \(E, K2, N\)"):
+            ops.grouped_mm(fx, fw, foffs, None, fh[:2])
 
 
 def test_op_errors():

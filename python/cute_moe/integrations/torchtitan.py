@@ -23,15 +23,14 @@
 # Which experts, and how:
 #   GroupedExperts (Llama 4, DeepSeek-V3, Qwen3-MoE): w1, w3 (E, I, D), w2 (E, D, I), used
 #     as x @ W[e].T; silu(x w1^T) * (x w3^T) is cute_moe's "swiglu" over [gate | linear]
-#     halves. The fused kernel reads the up projection as ONE (E, 2I, D) tensor, and w1, w3
-#     are two parameters (two allocations; under FSDP2, two all-gather outputs), so each
-#     forward writes [w1; w3] into one bf16 buffer (_StackHalves): one pass over the up
-#     weights. With fp32 parameters (one GPU, no FSDP) torchtitan's own experts cast w1 and
-#     w3 to bf16 on every call, and the stack is that cast (no extra traffic); with bf16
-#     parameters (FSDP2's param_dtype) it is an extra copy, and the backward hands w1 and
-#     w3 the two halves of one gradient, which autograd copies into each parameter's
-#     gradient. Avoiding both would take a kernel that reads (and writes) the gate and up
-#     halves from two base pointers; bench/bench_torchtitan.py times the stack.
+#     halves. w1 and w3 are two parameters (two allocations; under FSDP2, two all-gather
+#     outputs), handed to expert_ffn as the pair (w1^T, w3^T): the kernels read them in place
+#     (the forward's B load spans both where w3 lies above w1, the input gradient reads its
+#     k-tiles from either, each weight gradient comes from its half of dpre), so bf16
+#     parameters (FSDP2's param_dtype) cost no copy and fp32 ones (one GPU, no FSDP) only
+#     torchtitan's own per-call cast, made into one buffer so that w3's copy lies above w1's
+#     (_CastPair). Where FSDP2's w3 lies below its w1 the forward joins the two for its one
+#     GEMM (a copy; the backward still reads them apart); docs/halves-layout.md.
 #   GptOssGroupedExperts: mlp1_weight (E, 2I, D) with interleaved (gate, linear) rows and
 #     mlp1_bias, mlp2_weight (E, D, I), mlp2_bias; torchtitan's clamped SwiGLU (alpha
 #     1.702, swiglu_limit) is "swiglu_oai", the kernels' native layout: read in place.
@@ -59,7 +58,7 @@ from ..reference.groups import offsets_from_counts
 from ..reference.moe import experts_ref
 
 __all__ = ["NAME", "UnsupportedExpertsError", "convert", "is_converted", "experts_modules",
-           "stack_gate_up", "CuteMoEConverter", "register"]
+           "CuteMoEConverter", "register"]
 
 NAME = "cute_moe"
 # Where torchtitan keeps GPT-OSS's experts: looked up when a model has them (importing the
@@ -209,31 +208,31 @@ def _unsupported(module: nn.Module, why: str):
         "--model.converters)")
 
 
-class _StackHalves(torch.autograd.Function):
-    """[w1; w3] (E, I, D) x 2 -> (E, 2I, D) in `dtype`, one pass (the cast, if any, folded
-    in). Backward: the two halves of the gradient, in the parameters' dtypes."""
+class _CastPair(torch.autograd.Function):
+    """(w1, w3) -> their copies in `dtype`, the two halves of one (2, E, I, D) buffer (w3's
+    above w1's, where the fused forward reads both in place): the per-call cast torchtitan's
+    own experts make, in one allocation. Backward: each gradient in its parameter's dtype."""
 
     @staticmethod
     def forward(ctx, w1, w3, dtype):
-        e, i, d = w1.shape
         ctx.dtypes = (w1.dtype, w3.dtype)
-        out = w1.new_empty((e, 2 * i, d), dtype=dtype)
-        out[:, :i].copy_(w1)
-        out[:, i:].copy_(w3)
-        return out
+        buf = w1.new_empty((2,) + tuple(w1.shape), dtype=dtype)
+        buf[0].copy_(w1)
+        buf[1].copy_(w3)
+        return buf[0], buf[1]
 
     @staticmethod
-    def backward(ctx, grad):
-        i = grad.shape[1] // 2
-        return grad[:, :i].to(ctx.dtypes[0]), grad[:, i:].to(ctx.dtypes[1]), None
+    def backward(ctx, g1, g3):
+        return (None if g1 is None else g1.to(ctx.dtypes[0]),
+                None if g3 is None else g3.to(ctx.dtypes[1]), None)
 
 
-def stack_gate_up(w1: torch.Tensor, w3: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The (E, 2I, D) [gate; up] halves tensor of torchtitan's w1, w3 (differentiable)."""
-    if w1.shape != w3.shape or w1.dim() != 3:
-        raise ValueError(f"{NAME}: expected w1 and w3 of one shape (E, I, D), got "
-                         f"{tuple(w1.shape)} and {tuple(w3.shape)}")
-    return _StackHalves.apply(w1, w3, dtype)
+def _gate_up_pair(w1: torch.Tensor, w3: torch.Tensor, dtype: torch.dtype):
+    """(w1^T, w3^T) in `dtype` for expert_ffn's pair: as they are where they have it (FSDP2's
+    bf16 parameters), else cast into one buffer (_CastPair)."""
+    if w1.dtype != dtype or w3.dtype != dtype:
+        w1, w3 = _CastPair.apply(w1, w3, dtype)
+    return w1.transpose(-2, -1), w3.transpose(-2, -1)
 
 
 class _LlamaForward:
@@ -244,8 +243,7 @@ class _LlamaForward:
         offs = offsets_from_counts(num_tokens_per_expert)  # int32 cumulative ends, on its device
         if _use_kernels(self, w2):
             bf16 = torch.bfloat16
-            w_up = stack_gate_up(w1, w3, bf16)  # (E, 2I, D): its transposed view is read in place
-            y = expert_ffn(x.to(bf16), w_up.transpose(-2, -1), w2.to(bf16).transpose(-2, -1), offs,
+            y = expert_ffn(x.to(bf16), _gate_up_pair(w1, w3, bf16), w2.to(bf16).transpose(-2, -1), offs,
                            activation="swiglu", limit=None, gate_linear="halves")
             return y.type_as(x)
         w_up = torch.cat([w1, w3], dim=1).transpose(-2, -1)

@@ -13,7 +13,7 @@ from .checks import (check_offs_length, check_same_device, check_scales, check_t
                      unit_columns)
 from .registry import register_kernels
 
-__all__ = ["check_grouped_mm_args", "check_grouped_mm_wgrad_args",
+__all__ = ["check_grouped_mm_args", "check_grouped_mm_split_args", "check_grouped_mm_wgrad_args",
            "check_grouped_column_sum_args", "check_grouped_bias_grads_args",
            "check_grouped_mm_scaled_args"]
 
@@ -41,6 +41,24 @@ def check_grouped_mm_args(x, w, offs, bias=None, op: str = "grouped_mm",
         if tuple(bias.shape) != (num_groups, n):
             fail(op, nb, f"shape {(num_groups, n)} (E, N)", f"shape {tuple(bias.shape)}")
     check_same_device(op, nx, x, **{nw: w, "offs": offs, nb: bias})
+
+
+def check_grouped_mm_split_args(x, w, w_hi, offs, bias=None, op: str = "grouped_mm") -> None:
+    """grouped_mm's rules with W's rows in two tensors: w (E, K1, N) and w_hi (E, K2, N),
+    K1 + K2 = x.shape[1], both bf16 on x's device."""
+    check_tensor(op, "w", w, 3, torch.bfloat16)
+    check_tensor(op, "w_hi", w_hi, 3, torch.bfloat16)
+    check_tensor(op, "x", x, 2, torch.bfloat16)
+    if (w_hi.shape[0], w_hi.shape[2]) != (w.shape[0], w.shape[2]):
+        fail(op, "w_hi", f"shape (E, K2, N) with (E, N) = {(w.shape[0], w.shape[2])} (w's)",
+             f"shape {tuple(w_hi.shape)}")
+    if w.shape[1] + w_hi.shape[1] != x.shape[1]:
+        fail(op, "x", f"{w.shape[1] + w_hi.shape[1]} columns (w's rows and w_hi's)",
+             f"shape {tuple(x.shape)}")
+    check_grouped_mm_args(x[:, :w.shape[1]], w, offs, bias, op)
+    if w_hi.stride(2) != 1 and w_hi.stride(1) != 1:
+        fail(op, "w_hi", "w_hi.stride(2) == 1 or w_hi.stride(1) == 1", f"strides {w_hi.stride()}")
+    check_same_device(op, "x", x, w_hi=w_hi)
 
 
 def check_grouped_mm_wgrad_args(x, dy, offs, out_dtype=None,
@@ -95,13 +113,20 @@ def check_grouped_mm_scaled_args(x, w, offs, bias=None, scale=None, prob=None,
 
 # --- fake and CPU kernels (every argument given: see registry.py) ---------------------
 
-def _fake_grouped_mm(x, w, offs, bias):
-    check_grouped_mm_args(x, w, offs, bias)
+def _fake_grouped_mm(x, w, offs, bias, w_hi):
+    if w_hi is not None:
+        check_grouped_mm_split_args(x, w, w_hi, offs, bias)
+    else:
+        check_grouped_mm_args(x, w, offs, bias)
     return x.new_empty(x.shape[0], w.shape[2])
 
 
-def _cpu_grouped_mm(x, w, offs, bias):
-    check_grouped_mm_args(x, w, offs, bias)
+def _cpu_grouped_mm(x, w, offs, bias, w_hi):
+    if w_hi is not None:
+        check_grouped_mm_split_args(x, w, w_hi, offs, bias)
+        w = torch.cat([w, w_hi], dim=1)
+    else:
+        check_grouped_mm_args(x, w, offs, bias)
     return grouped_mm_ref(x, w, offs, bias)
 
 
@@ -157,38 +182,61 @@ def _cpu_grouped_mm_scaled(x, w, offs, bias, scale, prob):
 # --- autograd of cute_moe::grouped_mm --------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    x, w, offs, bias = inputs
-    need_x, need_w = ctx.needs_input_grad[:2]
+    # The dispatcher drops trailing arguments equal to their defaults (None) from inputs.
+    x, w, offs = inputs[:3]
+    bias = inputs[3] if len(inputs) > 3 else None
+    w_hi = inputs[4] if len(inputs) > 4 else None
+    needs = ctx.needs_input_grad
+    need_x, need_w = needs[:2]
+    need_w_hi = w_hi is not None and needs[4]
     # (E, K, N) row-major weights give (E, K, N) gradients; a transposed view of an
     # (E, N, K) tensor gets the transposed view of an (E, N, K) gradient.
     ctx.w_transposed = w.stride(2) != 1
+    ctx.w_hi_transposed = w_hi is not None and w_hi.stride(2) != 1
     ctx.w_dtype = w.dtype
     ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.save_for_backward(x if need_w else None, w if need_x else None, offs)
+    ctx.split = w.shape[1] if w_hi is not None else None
+    ctx.save_for_backward(x if need_w or need_w_hi else None, w if need_x else None, offs,
+                          w_hi if need_x else None)
+
+
+def _wgrad_of(x, dy, offs, transposed, dtype, need_b=False):
+    """(dw, db or None) of y = x @ w in w's layout."""
+    if not transposed:
+        dw, db = torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs, dtype, need_b)
+        return dw, (db if need_b else None)
+    return torch.ops.cute_moe.grouped_mm_wgrad(dy, x, offs, dtype)[0].transpose(-2, -1), None
 
 
 def _backward(ctx, dy):
-    x, w, offs = ctx.saved_tensors
-    # The dispatcher drops a bias equal to its default (None) from the inputs.
+    x, w, offs, w_hi = ctx.saved_tensors
     needs = ctx.needs_input_grad
     need_x, need_w = needs[:2]
     need_b = len(needs) > 3 and needs[3]
+    need_w_hi = len(needs) > 4 and needs[4]
     dy = dy.contiguous()
-    dx = dw = db = None
-    if need_x:
+    dx = dw = db = dw_hi = None
+    if need_x and ctx.split is None:
         dx = torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs)
-    if need_w and not ctx.w_transposed:
-        dw, db = torch.ops.cute_moe.grouped_mm_wgrad(x, dy, offs, ctx.w_dtype, need_b)
-    elif need_w:
-        dw_t, _ = torch.ops.cute_moe.grouped_mm_wgrad(dy, x, offs, ctx.w_dtype)
-        dw = dw_t.transpose(-2, -1)
+    elif need_x:  # x's columns: [dy @ w^T | dy @ w_hi^T]
+        dx = torch.cat([torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs),
+                        torch.ops.cute_moe.grouped_mm(dy, w_hi.transpose(-2, -1), offs)], dim=1)
+    x_lo, x_hi = x, None
+    if ctx.split is not None and x is not None:  # column slices; the kernels need 16-byte rows
+        x_lo, x_hi = x[:, :ctx.split], x[:, ctx.split:]
+        if ctx.split % 8:
+            x_hi = x_hi.contiguous()
+    if need_w:
+        dw, db = _wgrad_of(x_lo, dy, offs, ctx.w_transposed, ctx.w_dtype, need_b)
+    if need_w_hi:
+        dw_hi, _ = _wgrad_of(x_hi, dy, offs, ctx.w_hi_transposed, ctx.w_dtype)
     if need_b:
         if db is None:
             db = torch.ops.cute_moe.grouped_column_sum(dy, offs)
         db = db.to(ctx.bias_dtype)
     else:
         db = None
-    return (dx, dw, None, db)[: len(needs)]
+    return (dx, dw, None, db, dw_hi)[: len(needs)]
 
 
 def _register() -> None:

@@ -14,7 +14,7 @@ from .checks import check_same_device, check_scales, check_tensor, fail, unit_co
 from .gemm import check_grouped_mm_args
 from .registry import register_kernels
 
-__all__ = ["check_gate_linear", "check_gated_width", "check_grouped_mm_swiglu_args", "check_pre_args",
+__all__ = ["check_gate_linear", "check_gated_width", "check_w_linear", "join_halves", "check_grouped_mm_swiglu_args", "check_pre_args",
            "check_grouped_mm_swiglu_bwd_args", "check_grouped_mm_act_args",
            "check_grouped_mm_act_gathered_args", "check_grouped_mm_act_bwd_args"]
 
@@ -77,6 +77,27 @@ def check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
     check_act_params(alpha, limit, op)
 
 
+def check_w_linear(op: str, w, w_linear, gate_linear: str) -> None:
+    """w_linear, the linear half as its own tensor: gate_linear "halves", w's shape
+    (E, K, I), bf16 on w's device."""
+    if gate_linear != "halves":
+        fail(op, "w_linear", "None unless gate_linear='halves' (the linear half as its own tensor)",
+             "a tensor")
+    check_tensor(op, "w_linear", w_linear, 3, torch.bfloat16)
+    if tuple(w_linear.shape) != tuple(w.shape):
+        fail(op, "w_linear", f"the gate half's shape {tuple(w.shape)} (E, K, I)",
+             f"shape {tuple(w_linear.shape)}")
+    if w_linear.stride(2) != 1 and w_linear.stride(1) != 1:
+        fail(op, "w_linear", "w_linear.stride(2) == 1 or w_linear.stride(1) == 1",
+             f"strides {w_linear.stride()}")
+    check_same_device(op, "w", w, w_linear=w_linear)
+
+
+def join_halves(w, w_linear):
+    """[w | w_linear] along the last dimension: the one (E, K, 2I) tensor of the halves."""
+    return torch.cat([w, w_linear], dim=2)
+
+
 def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit,
                                        op: str = "grouped_mm_act_gathered") -> None:
     """grouped_mm_act's rules for x (T, K) plus rows (M,) int32 on x's device and a weight
@@ -132,14 +153,24 @@ def _h_width(activation: str, n: int) -> int:
     return n // 2 if is_gated(activation) else n
 
 
-def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear):
+def _whole_w(w, w_linear, gate_linear, op="grouped_mm_act"):
+    """The up projection as one tensor (a meta-safe join where the halves are two)."""
+    if w_linear is None:
+        return w
+    check_w_linear(op, w, w_linear, gate_linear)
+    return join_halves(w, w_linear)
+
+
+def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear, w_linear):
+    w = _whole_w(w, w_linear, gate_linear)
     check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
                               gate_linear=gate_linear)
     n = w.shape[2]
     return x.new_empty(x.shape[0], _h_width(activation, n)), x.new_empty(x.shape[0], n)
 
 
-def _cpu_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear):
+def _cpu_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear, w_linear):
+    w = _whole_w(w, w_linear, gate_linear)
     check_grouped_mm_act_args(x, w, offs, bias, scale, activation, alpha, limit,
                               gate_linear=gate_linear)
     return grouped_mm_act_ref(x, w, offs, bias, scale, activation, alpha, limit, gate_linear)

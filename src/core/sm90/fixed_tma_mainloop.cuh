@@ -29,9 +29,17 @@
 // Paired B (the fused gated forward over a k-contiguous weight, kPairedB): the MMA wants
 // each (gate, linear) pair in adjacent B rows (the epilogue pairs adjacent accumulator
 // columns). The weight's N index is described as two modes, (member 2, feature N/2), with
-// the strides of its storage: interleaved (1, 2) or [gate | linear] halves (N/2, 1), in
-// units of ldb. One box of (BLK_K, 2, BLK_N/2) lands in shared memory as rows
-// 2 * feature + member: the same tile either way, so halves need no repack.
+// the strides of its storage in elements: interleaved (ldb, 2 ldb), [gate | linear] halves
+// (N/2 ldb, ldb), or the halves as two tensors (linear - gate, ldb). One box of
+// (BLK_K, 2, BLK_N/2) lands in shared memory as rows 2 * feature + member: the same tile
+// every way, so halves need no repack.
+//
+// Split B (ragged M, not paired): B's k rows may come from two tensors with the same
+// strides, k < b_k_split from one and the rest from the other (the input gradient
+// dx = dpre W_up where W_up's [gate; linear] halves are torchtitan's two parameters w1, w3).
+// A second descriptor over the second tensor, (n, k - b_k_split, groups); the producer picks
+// one per k-tile and gives both the same tile coordinates (b_k_split is a multiple of BLK_K,
+// checked on the host).
 //
 // The epilogue (D stores, C loads) is CUTLASS's, unchanged.
 #pragma once
@@ -150,6 +158,8 @@ struct FixedTmaMainloop : Base {
   struct Params : Base::Params {
     TmaA tma_a_all;
     TmaB tma_b_all;
+    TmaB tma_b_hi;                   // split B: the k rows from b_k_split on
+    int32_t b_split_tiles = INT32_MAX;  // split B: the first k-tile read through tma_b_hi
     const int32_t* offs = nullptr;
     cute::array<int32_t, 4> a_shape = {1, 1, 1, 1};
     cute::array<int32_t, 4> b_shape = {1, 1, 1, 1};
@@ -180,7 +190,7 @@ struct FixedTmaMainloop : Base {
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
     using namespace cute;
-    Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}};
+    Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}, TmaB{}};
     const WholeOperands& w = args.whole;
     // A descriptor needs extents >= 1; a problem without rows or groups launches no tile.
     auto at_least_1 = [](int64_t v) { return int32_t(v < 1 ? 1 : v); };
@@ -197,11 +207,23 @@ struct FixedTmaMainloop : Base {
                          make_shape(shape<0>(TileShape{}), shape<2>(TileShape{})), size<1>(ClusterShape{}));
     if constexpr (kPairedB) {
       // (member, feature) strides in elements; an odd n (not gated) never gets here
-      const StrideBAll stride{{w.b_pair_stride * w.ldb, w.b_feature_stride * w.ldb}, {}, w.b_batch};
+      const StrideBAll stride{{w.b_pair_stride, w.b_feature_stride}, {}, w.b_batch};
       p.tma_b_all = paired_tma_b(static_cast<InternalElementB const*>(w.b), p.b_shape, stride);
     } else {
+      if constexpr (!kRaggedK) {
+        if (w.b_k_split > 0) p.b_shape[1] = at_least_1(w.b_k_split);
+      }
       p.tma_b_all = tma_b_of(static_cast<InternalElementB const*>(w.b), p.b_shape,
                              stride_of<StrideBAll>(w.ldb, w.b_batch));
+      if constexpr (!kRaggedK) {
+        if (w.b_k_split > 0) {  // its own k extent: rows past it read as zeros
+          cute::array<int32_t, 4> hi_shape = p.b_shape;
+          hi_shape[1] = at_least_1(w.k - w.b_k_split);
+          p.tma_b_hi = tma_b_of(static_cast<InternalElementB const*>(w.b_hi), hi_shape,
+                                stride_of<StrideBAll>(w.ldb, w.b_batch));
+          p.b_split_tiles = int32_t(w.b_k_split / kBlkK);
+        }
+      }
     }
     p.offs = w.offs;
     return p;
@@ -326,8 +348,16 @@ struct FixedTmaMainloop : Base {
       pipeline.producer_acquire(write);
       auto* barrier = pipeline.producer_get_barrier(write);
       const int stage = write.index();
-      copy(params.tma_a_all.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
-      copy(params.tma_b_all.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
+      const int k_tile = *k_tile_iter;
+      copy(params.tma_a_all.with(*barrier, mcast_a), tAgA(_, _, _, k_tile), tAsA(_, _, _, stage));
+      if constexpr (kRaggedK || kPairedB) {
+        copy(params.tma_b_all.with(*barrier, mcast_b), tBgB(_, _, _, k_tile), tBsB(_, _, _, stage));
+      } else if (k_tile < params.b_split_tiles) {
+        copy(params.tma_b_all.with(*barrier, mcast_b), tBgB(_, _, _, k_tile), tBsB(_, _, _, stage));
+      } else {  // the same coordinates in the second tensor: both descriptors have one shape
+        copy(params.tma_b_hi.with(*barrier, mcast_b), tBgB(_, _, _, k_tile - params.b_split_tiles),
+             tBsB(_, _, _, stage));
+      }
       ++k_tile_iter;
       ++write;
     }
