@@ -199,6 +199,24 @@ def test_halves_pair_up_projection_backward():
         assert a.shape == w.shape and torch.equal(a, w), name
 
 
+@pytest.mark.skipif(not cute_moe.library_loaded(), reason="the op library is not loaded")
+def test_act_op_w_linear_cpu_kernel():
+    """grouped_mm_act(..., "halves", w_linear): the [gate | linear] halves as two tensors,
+    the CPU kernel's result that of the joined tensor; its argument errors."""
+    ops = torch.ops.cute_moe
+    leaves, offs = make_block(40, 32, 16, 3, "swiglu", bias=True, prob=False, scale=False)
+    x, w = leaves["x"].detach(), leaves["w_up"].detach()  # (E, H, 2I), taken as halves here
+    b = leaves["b_up"].detach()
+    gate, linear = w[..., :16].contiguous(), w[..., 16:].contiguous()
+    got = ops.grouped_mm_act(x, gate, offs, b, None, "swiglu", 1.702, None, "halves", linear)
+    want = ops.grouped_mm_act(x, w, offs, b, None, "swiglu", 1.702, None, "halves")
+    assert all(torch.equal(a, c) for a, c in zip(got, want))
+    with pytest.raises(ValueError, match=r"w_linear: expected None unless gate_linear='halves'"):
+        ops.grouped_mm_act(x, gate, offs, b, None, "swiglu", 1.702, None, "interleaved", linear)
+    with pytest.raises(ValueError, match=r"w_linear: expected the gate half's shape"):
+        ops.grouped_mm_act(x, gate, offs, b, None, "swiglu", 1.702, None, "halves", linear[:2])
+
+
 def test_halves_pair_errors():
     leaves, offs = make_block(32, 16, 8, 2, "swiglu", bias=False, prob=False, scale=False)
     w = leaves["w_up"]

@@ -14,7 +14,8 @@ from .checks import check_same_device, check_scales, check_tensor, fail, unit_co
 from .gemm import check_grouped_mm_args
 from .registry import register_kernels
 
-__all__ = ["check_gate_linear", "check_gated_width", "check_w_linear", "join_halves", "check_grouped_mm_swiglu_args", "check_pre_args",
+__all__ = ["check_gate_linear", "check_gated_width", "check_w_linear", "check_grouped_mm_swiglu_args",
+           "check_pre_args",
            "check_grouped_mm_swiglu_bwd_args", "check_grouped_mm_act_args",
            "check_grouped_mm_act_gathered_args", "check_grouped_mm_act_bwd_args"]
 
@@ -93,11 +94,6 @@ def check_w_linear(op: str, w, w_linear, gate_linear: str) -> None:
     check_same_device(op, "w", w, w_linear=w_linear)
 
 
-def join_halves(w, w_linear):
-    """[w | w_linear] along the last dimension: the one (E, K, 2I) tensor of the halves."""
-    return torch.cat([w, w_linear], dim=2)
-
-
 def check_grouped_mm_act_gathered_args(x, rows, w, offs, bias, scale, activation, alpha, limit,
                                        op: str = "grouped_mm_act_gathered") -> None:
     """grouped_mm_act's rules for x (T, K) plus rows (M,) int32 on x's device and a weight
@@ -154,11 +150,11 @@ def _h_width(activation: str, n: int) -> int:
 
 
 def _whole_w(w, w_linear, gate_linear, op="grouped_mm_act"):
-    """The up projection as one tensor (a meta-safe join where the halves are two)."""
+    """The up projection as one (E, K, 2I) tensor: [w | w_linear] where the halves are two."""
     if w_linear is None:
         return w
     check_w_linear(op, w, w_linear, gate_linear)
-    return join_halves(w, w_linear)
+    return torch.cat([w, w_linear], dim=2)
 
 
 def _fake_grouped_mm_act(x, w, offs, bias, scale, activation, alpha, limit, gate_linear, w_linear):
