@@ -7,10 +7,11 @@
 #   nk   HF transformers' storage: gate_up_proj (E, 2I, H) and down_proj (E, H, I), used through
 #        transposed views (the halves are read in place: the kernels' paired-B loads)
 #   kn   W_up (E, H, 2I), W_down (E, I, H) as stored (halves cost a repack of W_up per call)
-# and, with --pair, the halves as two tensors (torchtitan's w1, w3 (E, I, H), two
-# allocations): passed to expert_ffn as the pair (w1^T, w3^T), read in place, against the
-# same block joining them per call first (torch.cat, what the torchtitan integration did
-# before the kernels read the pair).
+# and, with --pair, the halves as two tensors (torchtitan's w1, w3 (E, I, H); here two views
+# of one buffer, w3's above w1's, as the integration's per-call cast lays them out): passed
+# to expert_ffn as the pair (w1^T, w3^T), read in place, against the same block joining them
+# per call first (torch.cat, what the torchtitan integration did before the kernels read
+# the pair).
 # Progress on stderr, the table on stdout.
 #
 #   python bench/bench_halves.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--storages nk,kn]

@@ -161,12 +161,12 @@ def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
     assert not bad, f"{activation}: combine vs unpermute after: {bad}"
 
 
-def check_halves_pair(leaves, offs, activation, placement, exact=True):
+def check_halves_pair(leaves, offs, activation, placement):
     """expert_ffn with w_up as the pair (w_gate, w_linear) of (E, H, I) tensors (the halves
     apart, torchtitan's w1^T and w3^T) against expert_ffn on the one [gate | linear] tensor
     they make (the transposed view of an (E, 2I, H) tensor): the output and every gradient,
-    bit for bit where `exact` (the same tiles reach the same kernels: the pair is read in
-    place by the forward, the input gradient and the weight gradients), else to 1e-2.
+    bit for bit (the same tiles reach the same kernels: the pair is read in place by the
+    forward, the input gradient and the weight gradients).
     placement: where w_linear's storage lies: "above" w_gate's (the forward's B load spans
     both), "apart" (above, one tensor between), "below" (the forward joins them; the
     backward reads them in place), "separate" (two allocations in any order).
@@ -212,8 +212,4 @@ def check_halves_pair(leaves, offs, activation, placement, exact=True):
     pairs.update({f"d{i}": (a, b) for i, (a, b) in enumerate(zip(got, want[1:]))})
     for name, (a, b) in pairs.items():
         assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
-        if exact:
-            assert torch.equal(a, b), f"{placement}: {name} differs from the joined tensor's"
-        else:
-            err = testing.rel_error(a, b.float())
-            assert err <= 1e-2, f"{placement}: {name}: relative error {err}"
+        assert torch.equal(a, b), f"{placement}: {name} differs from the joined tensor's"
