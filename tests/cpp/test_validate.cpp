@@ -23,6 +23,17 @@ RaggedMGemmArgs valid_m() {
   return a;
 }
 
+// A gated act_backward over `gemm` (n = I): pre and dpre 2I wide.
+cute_moe::ActBackwardArgs gated_backward(const RaggedMGemmArgs& gemm) {
+  cute_moe::ActBackwardArgs b;
+  b.gemm = gemm;
+  b.pre = fake(0x80000);
+  b.ldpre = 2 * gemm.n;
+  b.dpre = fake(0x90000);
+  b.lddpre = 2 * gemm.n;
+  return b;
+}
+
 RaggedKGemmArgs valid_k() {
   RaggedKGemmArgs a;
   a.m = 1000; a.k = 2880; a.n = 1440; a.num_groups = 8;
@@ -136,12 +147,7 @@ TEST(ValidateActivation, ForwardAndBackwardRules) {
   f.ldh = f.gemm.n;
   expect_rejected(f, "activation none has no fused forward");
 
-  cute_moe::ActBackwardArgs b;
-  b.gemm = valid_m();
-  b.pre = fake(0x80000);
-  b.ldpre = 2 * b.gemm.n;
-  b.dpre = fake(0x90000);
-  b.lddpre = 2 * b.gemm.n;
+  cute_moe::ActBackwardArgs b = gated_backward(valid_m());
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
   b.gemm.bias = fake(0x50000);
   b.gemm.bias_stride_group = b.gemm.n;
@@ -190,12 +196,7 @@ TEST(ValidateActivation, GatheredRowsOnlyInTheForwardWithRowMajorWeights) {
   m.x_rows = 250;
   expect_rejected(m, "ragged_m_gemm: gather_rows is fused into act_forward only");
 
-  cute_moe::ActBackwardArgs b;
-  b.gemm = m;
-  b.pre = fake(0x80000);
-  b.ldpre = 2 * b.gemm.n;
-  b.dpre = fake(0x90000);
-  b.lddpre = 2 * b.gemm.n;
+  cute_moe::ActBackwardArgs b = gated_backward(m);
   expect_rejected(b, "act_backward: gather_rows is fused into act_forward only");
 }
 
@@ -215,12 +216,8 @@ TEST(ValidateActivation, HalvesLayoutRules) {
   f.ldh = f.gemm.n;
   expect_rejected(f, "gate_linear kHalves needs a gated activation, got srelu");
 
-  cute_moe::ActBackwardArgs b;
-  b.gemm = valid_m();  // W_down^T (E, H, I) n-contiguous, n = I
-  b.pre = fake(0x80000);
-  b.ldpre = 2 * b.gemm.n;
-  b.dpre = fake(0x90000);
-  b.lddpre = 2 * b.gemm.n;
+  // W_down^T (E, H, I) n-contiguous, n = I
+  cute_moe::ActBackwardArgs b = gated_backward(valid_m());
   b.dpre_layout = GateLinear::kHalves;
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
   b.gemm.w_stride_k = 1;
@@ -255,14 +252,10 @@ TEST(ValidateRaggedM, SplitWeightRules) {
   EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
   a.w_stride_n = 1016; expect_rejected(a, "w_stride_n=1016");
 
-  cute_moe::ActBackwardArgs b;
-  b.gemm = valid_m();
-  b.gemm.w_hi = fake(0x60000);
-  b.gemm.k_split = 768;
-  b.pre = fake(0x80000);
-  b.ldpre = 2 * b.gemm.n;
-  b.dpre = fake(0x90000);
-  b.lddpre = 2 * b.gemm.n;
+  RaggedMGemmArgs split = valid_m();
+  split.w_hi = fake(0x60000);
+  split.k_split = 768;
+  cute_moe::ActBackwardArgs b = gated_backward(split);
   expect_rejected(b, "act_backward: w_hi / k_split (W's k rows in two tensors) are taken by ragged_m_gemm only");
 }
 
