@@ -66,7 +66,7 @@ def check_declaration() -> None:
         need(arch in arches, f"TILES names an undeclared arch {arch!r}")
         need(any(v.enum == variant for v in ks.VARIANTS), f"TILES names an undeclared variant {variant!r}")
         need("wide" in tiles, f"{arch}/{variant}: every variant needs a 'wide' tile (the heuristic's default)")
-        for role, t in tiles.items():
+        for role, t in ks.role_tiles(tiles):
             need(role in ks.TILE_ROLES, f"{arch}/{variant}: unknown tile role {role!r}")
             need(t.schedule in ks.SCHEDULES, f"{arch}/{variant}/{role}: schedule {t.schedule!r}")
         family = next(v.family for v in ks.VARIANTS if v.enum == variant)
@@ -105,9 +105,9 @@ def kernels() -> list[tuple[ks.Arch, ks.Variant, str, ks.Tile, ks.Activation | k
     for arch in ks.ARCHES:
         for v in ks.VARIANTS:
             tiles = ks.TILES.get((arch.name, v.enum), {})
-            for role, t in tiles.items():
+            for role, t in ks.role_tiles(tiles):
                 out += [(arch, v, role, t, a) for a in acts_of(v)]
-            for role, t in tiles.items():
+            for role, t in ks.role_tiles(tiles):
                 out += [(arch, v, role, t, twin) for twin in twins_of(arch, v, role)]
     return [k for k in out if ONLY is None or ONLY.search(kernel_file_stem(*k))]
 

@@ -157,17 +157,22 @@ _NARROW = Tile(128, 128, 64, 2, 1, "Pingpong")
 _SMALL = Tile(64, 128, 128, 1, 1, "Pingpong")
 _MID_PONG = Tile(128, 192, 64, 2, 1, "Pingpong")
 _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
+# The weight gradients' mid tile on a cluster along N, for outputs whose row tiles leave a 2x1
+# cluster a spare CTA (an odd count: 2880 = 22.5 x 128) where N's column tiles pair up
+# (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
+_MID_PONG_1X2 = Tile(128, 192, 64, 1, 2, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 
-# Per (arch, variant), the compiled tiles by role, in dispatch-table order (the cost
-# model keeps the earlier of two equally cheap rows). The 128x192 "mid" tiles: 5-40% faster
+# Per (arch, variant), the compiled tiles by role (a tile, or a tuple of tiles the heuristic
+# picks between within the role), in dispatch-table order (the cost model keeps the earlier
+# of two equally cheap rows). The 128x192 "mid" tiles: 5-40% faster
 # than 128x256 / 128x128 for the fused activation kernels at GPT-OSS-20B and Qwen3-30B-A3B
 # (docs/perf-notes.md, "128x192 tiles"); the plain ragged-M GEMMs have them for the sweep tools.
 TILES = {
     ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
-    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
+    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_1X2)},
     ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
@@ -191,3 +196,9 @@ LIMIT_FREE_TILES = {
     ("sm90", "ActBwd_BCol"): ("mid",),
     ("sm90", "ActBwdHalves_BRow"): ("mid",),
 }
+
+
+def role_tiles(tiles: dict) -> list[tuple[str, Tile]]:
+    """A TILES entry as (role, tile) pairs, in order (a role's tuple of tiles flattened)."""
+    return [(role, t) for role, ts in tiles.items() for t in (ts if isinstance(ts[0], tuple) else (ts,))]
+

@@ -38,6 +38,13 @@ int64_t output_tiles(const GroupedProblem& p, const TileConfig& c) {
   return p.num_groups * ceil_div(p.k, c.tile_m) * ceil_div(p.n, c.tile_n);
 }
 
+int64_t cluster_padded_tiles(const GroupedProblem& p, const TileConfig& c) {
+  const int64_t rows = is_ragged_m(p.variant) ? std::max<int64_t>(1, ceil_div(p.m, p.num_groups)) : p.k;
+  const int64_t tiles_m = ceil_div(ceil_div(rows, c.tile_m), c.cluster_m) * c.cluster_m;
+  const int64_t tiles_n = ceil_div(ceil_div(p.n, c.tile_n), c.cluster_n) * c.cluster_n;
+  return p.num_groups * tiles_m * tiles_n;
+}
+
 double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count) {
   const int64_t ctas = std::max(1, sm_count);
   const int64_t waves = ceil_div(output_tiles(p, c), ctas);
@@ -99,6 +106,23 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // it (H100, session 15), while at GPT-OSS-20B and Qwen3-30B-A3B (margins of -2..+3%) the
   // mid tile stays 3-17% ahead: the narrow tile reads 1.25x the operand bytes per output, so
   // it must win on waves by 5% or more.
+  // A weight gradient whose row tiles leave the mid tile's 2x1 clusters a spare CTA in every
+  // group (an odd count: GPT-OSS-20B's H = 2880 is 22.5 tiles of 128, so 24 CTA tiles run for
+  // 22.5; the spare one still loads and multicasts its half of B) takes the mid tile on a 1x2
+  // cluster where that runs clearly fewer CTA tiles (its column tiles pair up: 2I = 5760 is 30
+  // of 192), walked along m: the up projection's weight gradient 1.05-1.06x faster, balanced
+  // and skewed (H100, session 22; along n 0.87x). The down projection's (2880 x 2880) pads
+  // either way and keeps 2x1 (the 1x2 cluster 0.95x there).
+  bool cluster_along_n = false;
+  if (!ragged_m && candidates[choice.index].role == TileRole::Mid && candidates[choice.index].cluster_m == 2) {
+    const int64_t padded = cluster_padded_tiles(p, candidates[choice.index]);
+    for (size_t i = 0; i < candidates.size() && !cluster_along_n; ++i) {
+      const TileConfig& c = candidates[i];
+      cluster_along_n = serves(c, p) && c.role == TileRole::Mid && c.cluster_m == 1 && c.cluster_n == 2 &&
+                        cluster_padded_tiles(p, c) < 0.97 * static_cast<double>(padded);
+      if (cluster_along_n) choice.index = static_cast<int>(i);
+    }
+  }
   bool narrow_fit = false;
   if (!ragged_m && candidates[choice.index].role == TileRole::Mid) {
     const int narrow = first_with_role(TileRole::Narrow);
@@ -127,7 +151,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
       choice.raster_along_n = true;
       choice.swizzle = 2;
     } else {
-      choice.raster_along_n = true;
+      choice.raster_along_n = !cluster_along_n;
       choice.swizzle = 4;
     }
   } else if (narrow_fit) {

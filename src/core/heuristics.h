@@ -34,6 +34,10 @@ inline bool serves(const TileConfig& c, const GroupedProblem& p) {
 // Output tiles of one launch with this tile shape, the rows spread evenly over groups.
 int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);
 
+// CTA tiles of one launch once every cluster is whole (a cluster past the output's last row
+// or column tile still runs its spare CTAs, which share the cluster's multicast loads).
+int64_t cluster_padded_tiles(const GroupedProblem& p, const TileConfig& c);
+
 // Estimated cost in arbitrary units: full waves of tiles over `sm_count` persistent
 // CTAs, each tile weighted by its area over the configuration's relative throughput.
 double estimated_cost(const GroupedProblem& p, const TileConfig& c, int sm_count);

@@ -161,6 +161,38 @@ TEST(ChooseLaunch, WeightGradientsTakeTheNarrowTileWhereItFitsTheWavesBetter) {
   EXPECT_EQ(choose_launch({v, 32768, 2048, 1024, 8}, {wide, mid}, 132).index, 1);  // no narrow tile
 }
 
+// A weight gradient whose row tiles would leave the 2x1 cluster a spare CTA in every group
+// takes the mid tile's 1x2 twin where it runs clearly fewer CTA tiles, walked along m:
+// GPT-OSS-20B's up projection (2880 = 22.5 row tiles: 24 x 30 against 23 x 30), not its down
+// projection (2880 x 2880: 24 x 15 against 23 x 16), nor Qwen3-30B-A3B's or the seed's.
+TEST(ChooseLaunch, WeightGradientsTakeA1x2ClusterWhereA2x1OneLeavesASpareCta) {
+  const KernelVariant v = KernelVariant::RaggedK_OutBF16;
+  TileConfig wide = kCoop, narrow = kPong;
+  wide.variant = narrow.variant = v;
+  const TileConfig mid{v, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  const TileConfig mid_1x2{v, 128, 192, 64, 1, 2, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
+  const std::vector<TileConfig> all = {wide, narrow, mid, mid_1x2};
+  const GroupedProblem up{v, 98304, 5760, 2880, 32};
+  EXPECT_EQ(cluster_padded_tiles(up, mid), 32 * 24 * 30);
+  EXPECT_EQ(cluster_padded_tiles(up, mid_1x2), 32 * 23 * 30);
+  const LaunchChoice c = choose_launch(up, all, 132);
+  EXPECT_EQ(c.index, 3);
+  EXPECT_FALSE(c.raster_along_n);
+  EXPECT_TRUE(c.dynamic_schedule);
+  const LaunchChoice down = choose_launch({v, 98304, 2880, 2880, 32}, all, 132);
+  EXPECT_EQ(down.index, 2);
+  EXPECT_TRUE(down.raster_along_n);
+  EXPECT_EQ(choose_launch({v, 131072, 1536, 2048, 128}, all, 132).index, 2);  // Qwen3 up
+  EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, all, 132).index, 2);   // Qwen3 down
+  EXPECT_EQ(choose_launch({v, 32768, 2048, 1024, 8}, all, 132).index, 1);     // seed down: narrow
+  EXPECT_EQ(choose_launch({v, 32768, 2048, 2048, 8}, all, 132).index, 2);     // seed up
+  EXPECT_EQ(choose_launch(up, {wide, narrow, mid}, 132).index, 2);            // no 1x2 tile
+  // a plain ragged-M GEMM never takes it (its groups' rows are not known on the host)
+  TileConfig plain_1x2 = mid_1x2, plain = mid;
+  plain_1x2.variant = plain.variant = KernelVariant::RaggedM_BRow;
+  EXPECT_EQ(choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, {kCoop, plain, plain_1x2}, 132).index, 1);
+}
+
 // Plain GEMMs on the mid tile: along n; deep groups swizzle 2, shallow ones unswizzled (the
 // scheduler would pad each group's tile grid to whole swizzle strips).
 TEST(ChooseLaunch, PlainMidTileOrder) {
