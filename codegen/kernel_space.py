@@ -157,10 +157,11 @@ _NARROW = Tile(128, 128, 64, 2, 1, "Pingpong")
 _SMALL = Tile(64, 128, 128, 1, 1, "Pingpong")
 _MID_PONG = Tile(128, 192, 64, 2, 1, "Pingpong")
 _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
-# The weight gradients' mid tile on a cluster along N, for outputs whose row tiles leave a 2x1
-# cluster a spare CTA (an odd count: 2880 = 22.5 x 128) where N's column tiles pair up
-# (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
+# The weight gradients' mid tile on other clusters, for outputs whose row tiles leave a 2x1
+# cluster a spare CTA (an odd count: 2880 = 22.5 x 128): along N where its column tiles pair
+# up, else alone (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
 _MID_PONG_1X2 = Tile(128, 192, 64, 1, 2, "Pingpong")
+_MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 
@@ -172,7 +173,7 @@ _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 TILES = {
     ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
-    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_1X2)},
+    ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_1X2, _MID_PONG_1X1)},
     ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},

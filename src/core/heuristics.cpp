@@ -107,20 +107,30 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // mid tile stays 3-17% ahead: the narrow tile reads 1.25x the operand bytes per output, so
   // it must win on waves by 5% or more.
   // A weight gradient whose row tiles leave the mid tile's 2x1 clusters a spare CTA in every
-  // group (an odd count: GPT-OSS-20B's H = 2880 is 22.5 tiles of 128, so 24 CTA tiles run for
-  // 22.5; the spare one still loads and multicasts its half of B) takes the mid tile on a 1x2
-  // cluster where that runs clearly fewer CTA tiles (its column tiles pair up: 2I = 5760 is 30
-  // of 192), walked along m: the up projection's weight gradient 1.05-1.06x faster, balanced
-  // and skewed (H100, session 22; along n 0.87x). The down projection's (2880 x 2880) pads
-  // either way and keeps 2x1 (the 1x2 cluster 0.95x there).
-  bool cluster_along_n = false;
+  // group (an odd count: GPT-OSS-20B's H = I = 2880 are 22.5 tiles of 128, so 24 CTA tiles run
+  // for 22.5; the spare one still loads and multicasts its half of B) takes the mid tile on
+  // the cluster that runs the fewest CTA tiles, if clearly fewer (3%), walked along m; on a
+  // tie the earlier in the table, 1x2 (multicast kept) before 1x1. H100, session 22, against
+  // 2x1 along n: GPT-OSS-20B's up projection (2I = 5760: 30 column tiles pair up) 1x2 1.05-1.08x
+  // faster, balanced and skewed; its down projection (2880 x 2880: 15 column tiles) 1x1
+  // 1.015x / 1.04x (1x2 0.95x). Along n either loses 13-43%.
+  bool cluster_not_2x1 = false;
   if (!ragged_m && candidates[choice.index].role == TileRole::Mid && candidates[choice.index].cluster_m == 2) {
-    const int64_t padded = cluster_padded_tiles(p, candidates[choice.index]);
-    for (size_t i = 0; i < candidates.size() && !cluster_along_n; ++i) {
+    const TileConfig& two = candidates[choice.index];
+    const int64_t padded = cluster_padded_tiles(p, two);
+    int64_t fewest = padded;
+    for (size_t i = 0; i < candidates.size(); ++i) {
       const TileConfig& c = candidates[i];
-      cluster_along_n = serves(c, p) && c.role == TileRole::Mid && c.cluster_m == 1 && c.cluster_n == 2 &&
-                        cluster_padded_tiles(p, c) < 0.97 * static_cast<double>(padded);
-      if (cluster_along_n) choice.index = static_cast<int>(i);
+      if (!serves(c, p) || c.role != TileRole::Mid || c.cluster_m != 1 || c.tile_m != two.tile_m ||
+          c.tile_n != two.tile_n || c.schedule != two.schedule) {
+        continue;
+      }
+      const int64_t tiles = cluster_padded_tiles(p, c);
+      if (tiles < fewest && tiles < 0.97 * static_cast<double>(padded)) {
+        fewest = tiles;
+        choice.index = static_cast<int>(i);
+        cluster_not_2x1 = true;
+      }
     }
   }
   bool narrow_fit = false;
@@ -151,7 +161,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
       choice.raster_along_n = true;
       choice.swizzle = 2;
     } else {
-      choice.raster_along_n = !cluster_along_n;
+      choice.raster_along_n = !cluster_not_2x1;
       choice.swizzle = 4;
     }
   } else if (narrow_fit) {

@@ -162,35 +162,42 @@ TEST(ChooseLaunch, WeightGradientsTakeTheNarrowTileWhereItFitsTheWavesBetter) {
 }
 
 // A weight gradient whose row tiles would leave the 2x1 cluster a spare CTA in every group
-// takes the mid tile's 1x2 twin where it runs clearly fewer CTA tiles, walked along m:
-// GPT-OSS-20B's up projection (2880 = 22.5 row tiles: 24 x 30 against 23 x 30), not its down
-// projection (2880 x 2880: 24 x 15 against 23 x 16), nor Qwen3-30B-A3B's or the seed's.
-TEST(ChooseLaunch, WeightGradientsTakeA1x2ClusterWhereA2x1OneLeavesASpareCta) {
+// takes the mid tile on the cluster with clearly fewer CTA tiles, walked along m: GPT-OSS-20B's
+// up projection (2880 = 22.5 row tiles: 24 x 30 against 23 x 30) on 1x2 (1x1 ties, later in
+// the table), its down projection (2880 x 2880: 24 x 15, 1x2 23 x 16, 1x1 23 x 15) on 1x1;
+// Qwen3-30B-A3B's and the seed's keep 2x1.
+TEST(ChooseLaunch, WeightGradientsLeaveNoSpareCtaWhereAnotherClusterAvoidsIt) {
   const KernelVariant v = KernelVariant::RaggedK_OutBF16;
   TileConfig wide = kCoop, narrow = kPong;
   wide.variant = narrow.variant = v;
   const TileConfig mid{v, 128, 192, 64, 2, 1, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
-  const TileConfig mid_1x2{v, 128, 192, 64, 1, 2, Schedule::Pingpong, Act::Unfused, TileRole::Mid};
-  const std::vector<TileConfig> all = {wide, narrow, mid, mid_1x2};
-  const GroupedProblem up{v, 98304, 5760, 2880, 32};
+  TileConfig mid_1x2 = mid, mid_1x1 = mid;
+  mid_1x2.cluster_m = mid_1x1.cluster_m = mid_1x1.cluster_n = 1;
+  mid_1x2.cluster_n = 2;
+  const std::vector<TileConfig> all = {wide, narrow, mid, mid_1x2, mid_1x1};
+  const GroupedProblem up{v, 98304, 5760, 2880, 32}, down{v, 98304, 2880, 2880, 32};
   EXPECT_EQ(cluster_padded_tiles(up, mid), 32 * 24 * 30);
   EXPECT_EQ(cluster_padded_tiles(up, mid_1x2), 32 * 23 * 30);
+  EXPECT_EQ(cluster_padded_tiles(down, mid_1x2), 32 * 23 * 16);
+  EXPECT_EQ(cluster_padded_tiles(down, mid_1x1), 32 * 23 * 15);
   const LaunchChoice c = choose_launch(up, all, 132);
   EXPECT_EQ(c.index, 3);
   EXPECT_FALSE(c.raster_along_n);
   EXPECT_TRUE(c.dynamic_schedule);
-  const LaunchChoice down = choose_launch({v, 98304, 2880, 2880, 32}, all, 132);
-  EXPECT_EQ(down.index, 2);
-  EXPECT_TRUE(down.raster_along_n);
+  const LaunchChoice d = choose_launch(down, all, 132);
+  EXPECT_EQ(d.index, 4);
+  EXPECT_FALSE(d.raster_along_n);
+  EXPECT_EQ(choose_launch(down, {wide, narrow, mid, mid_1x2}, 132).index, 2);  // no 1x1: 2x1 along n
+  EXPECT_TRUE(choose_launch(down, {wide, narrow, mid, mid_1x2}, 132).raster_along_n);
   EXPECT_EQ(choose_launch({v, 131072, 1536, 2048, 128}, all, 132).index, 2);  // Qwen3 up
   EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, all, 132).index, 2);   // Qwen3 down
   EXPECT_EQ(choose_launch({v, 32768, 2048, 1024, 8}, all, 132).index, 1);     // seed down: narrow
   EXPECT_EQ(choose_launch({v, 32768, 2048, 2048, 8}, all, 132).index, 2);     // seed up
-  EXPECT_EQ(choose_launch(up, {wide, narrow, mid}, 132).index, 2);            // no 1x2 tile
-  // a plain ragged-M GEMM never takes it (its groups' rows are not known on the host)
-  TileConfig plain_1x2 = mid_1x2, plain = mid;
-  plain_1x2.variant = plain.variant = KernelVariant::RaggedM_BRow;
-  EXPECT_EQ(choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, {kCoop, plain, plain_1x2}, 132).index, 1);
+  EXPECT_EQ(choose_launch(up, {wide, narrow, mid}, 132).index, 2);            // neither compiled
+  // a plain ragged-M GEMM never takes them (its groups' rows are not known on the host)
+  TileConfig plain = mid, plain_1x1 = mid_1x1;
+  plain.variant = plain_1x1.variant = KernelVariant::RaggedM_BRow;
+  EXPECT_EQ(choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, {kCoop, plain, plain_1x1}, 132).index, 1);
 }
 
 // Plain GEMMs on the mid tile: along n; deep groups swizzle 2, shallow ones unswizzled (the
