@@ -200,6 +200,6 @@ LIMIT_FREE_TILES = {
 
 
 def role_tiles(tiles: dict) -> list[tuple[str, Tile]]:
-    """A TILES entry as (role, tile) pairs, in order (a role's tuple of tiles flattened)."""
+    """A TILES entry as (role, tile) pairs, in order (a role's tuple of tiles flattened; a Tile
+    is itself a tuple, of ints)."""
     return [(role, t) for role, ts in tiles.items() for t in (ts if isinstance(ts[0], tuple) else (ts,))]
-

@@ -99,13 +99,6 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
   if (choice.index < 0) return choice;  // nothing compiled serves p
-  // A weight gradient whose output the mid tile covers in clearly more waves' worth of work
-  // than the 128x128 pingpong tile (ragged K: every group's whole output, its size known on
-  // the host) takes the narrow tile: the seed example's down projection (8 experts of 1024 x
-  // 2048: 704 mid tiles are 5.3 waves of 132 CTAs, 1024 narrow ones 7.8) ran 6-8% faster on
-  // it (H100, session 15), while at GPT-OSS-20B and Qwen3-30B-A3B (margins of -2..+3%) the
-  // mid tile stays 3-17% ahead: the narrow tile reads 1.25x the operand bytes per output, so
-  // it must win on waves by 5% or more.
   // A weight gradient whose row tiles leave the mid tile's 2x1 clusters a spare CTA in every
   // group (an odd count: GPT-OSS-20B's H = I = 2880 are 22.5 tiles of 128, so 24 CTA tiles run
   // for 22.5; the spare one still loads and multicasts its half of B) takes the mid tile on
@@ -133,6 +126,13 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
       }
     }
   }
+  // A weight gradient whose output the mid tile covers in clearly more waves' worth of work
+  // than the 128x128 pingpong tile (ragged K: every group's whole output, its size known on
+  // the host) takes the narrow tile: the seed example's down projection (8 experts of 1024 x
+  // 2048: 704 mid tiles are 5.3 waves of 132 CTAs, 1024 narrow ones 7.8) ran 6-8% faster on
+  // it (H100, session 15), while at GPT-OSS-20B and Qwen3-30B-A3B (margins of -2..+3%) the
+  // mid tile stays 3-17% ahead: the narrow tile reads 1.25x the operand bytes per output, so
+  // it must win on waves by 5% or more.
   bool narrow_fit = false;
   if (!ragged_m && candidates[choice.index].role == TileRole::Mid) {
     const int narrow = first_with_role(TileRole::Narrow);

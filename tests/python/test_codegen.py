@@ -48,6 +48,21 @@ def test_a_variant_without_a_wide_tile_is_refused(generate, monkeypatch):
         gen.check_declaration()
 
 
+def test_a_role_holding_several_tiles_gets_a_kernel_for_each(generate, monkeypatch):
+    gen, ks = generate
+    tiles = dict(ks.TILES)
+    one, two = ks.Tile(128, 192, 64, 2, 1, "Pingpong"), ks.Tile(128, 192, 64, 1, 2, "Pingpong")
+    tiles[("sm90", "RaggedK_OutF32")] = {"wide": tiles[("sm90", "RaggedK_OutF32")]["wide"], "mid": (one, two)}
+    monkeypatch.setattr(ks, "TILES", tiles)
+    gen.check_declaration()
+    mid = [(role, gen.kernel_file_stem(*k)) for k in gen.kernels()
+           for role in [k[2]] if k[1].enum == "RaggedK_OutF32" and role == "mid"]
+    assert mid == [("mid", "sm90_ragged_k_f32_128x192x64_2x1_pong"), ("mid", "sm90_ragged_k_f32_128x192x64_1x2_pong")]
+    tiles[("sm90", "RaggedK_OutF32")]["mid"] = (one, two._replace(schedule="Stream"))
+    with pytest.raises(gen.DeclarationError, match="RaggedK_OutF32/mid: schedule 'Stream'"):
+        gen.check_declaration()
+
+
 def test_a_limit_on_an_ungated_activation_is_refused(generate, monkeypatch):
     gen, ks = generate
     acts = tuple(a._replace(default_limit=3.0) if a.name == "srelu" else a for a in ks.ACTIVATIONS)
