@@ -164,6 +164,7 @@ _MID_PONG_1X2 = Tile(128, 192, 64, 1, 2, "Pingpong")
 _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
+_FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
 
 # Per (arch, variant), the compiled tiles by role (a tile, or a tuple of tiles the heuristic
 # picks between within the role), in dispatch-table order (the cost model keeps the earlier
@@ -184,7 +185,7 @@ TILES = {
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
-    ("sm90", "Fp8RaggedK"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},
 }
 
 # Per (arch, variant), the tile roles that also get LIMIT_FREE twins: the fused kernels' mid

@@ -99,23 +99,24 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // model weigh the 64-row tiles.
   if (choice.index < 0 || (ragged_m && rows_per_group <= 64)) choice.index = choose_tile_config(p, candidates, sm_count);
   if (choice.index < 0) return choice;  // nothing compiled serves p
-  // A weight gradient whose row tiles leave the mid tile's 2x1 clusters a spare CTA in every
-  // group (an odd count: GPT-OSS-20B's H = I = 2880 are 22.5 tiles of 128, so 24 CTA tiles run
-  // for 22.5; the spare one still loads and multicasts its half of B) takes the mid tile on
-  // the cluster that runs the fewest CTA tiles, if clearly fewer (3%), walked along m; on a
-  // tie the earlier in the table, 1x2 (multicast kept) before 1x1. H100, session 22, against
-  // 2x1 along n: GPT-OSS-20B's up projection (2I = 5760: 30 column tiles pair up) 1x2 1.05-1.08x
-  // faster, balanced and skewed; its down projection (2880 x 2880: 15 column tiles) 1x1
-  // 1.015x / 1.04x (1x2 0.95x). Along n either loses 13-43%.
+  // A weight gradient whose row tiles leave the chosen tile's 2x1 clusters a spare CTA in
+  // every group (an odd count: GPT-OSS-20B's H = I = 2880 are 22.5 tiles of 128, so 24 CTA
+  // tiles run for 22.5; the spare one still loads and multicasts its half of B) takes the same
+  // tile on the cluster that runs the fewest CTA tiles where one is compiled (the mid tile's,
+  // the FP8 tile's), if clearly fewer (3%), walked along m; on a tie the earlier in the table,
+  // 1x2 (multicast kept) before 1x1. H100, session 22, against 2x1 along n: GPT-OSS-20B's up
+  // projection (2I = 5760: 30 column tiles pair up) 1x2 1.05-1.08x faster, balanced and
+  // skewed; its down projection (2880 x 2880: 15 column tiles) 1x1 1.015x / 1.04x (1x2
+  // 0.95x). Along n either loses 13-43%.
   bool cluster_not_2x1 = false;
-  if (!ragged_m && candidates[choice.index].role == TileRole::Mid && candidates[choice.index].cluster_m == 2) {
+  if (!ragged_m && candidates[choice.index].cluster_m == 2) {
     const TileConfig& two = candidates[choice.index];
     const int64_t padded = cluster_padded_tiles(p, two);
     int64_t fewest = padded;
     for (size_t i = 0; i < candidates.size(); ++i) {
       const TileConfig& c = candidates[i];
-      if (!serves(c, p) || c.role != TileRole::Mid || c.cluster_m != 1 || c.tile_m != two.tile_m ||
-          c.tile_n != two.tile_n || c.schedule != two.schedule) {
+      if (!serves(c, p) || c.role != two.role || c.cluster_m != 1 || c.tile_m != two.tile_m ||
+          c.tile_n != two.tile_n || c.tile_k != two.tile_k || c.schedule != two.schedule) {
         continue;
       }
       const int64_t tiles = cluster_padded_tiles(p, c);

@@ -200,6 +200,23 @@ TEST(ChooseLaunch, WeightGradientsLeaveNoSpareCtaWhereAnotherClusterAvoidsIt) {
   EXPECT_EQ(choose_launch({KernelVariant::RaggedM_BRow, 98304, 5760, 2880, 32}, {kCoop, plain, plain_1x1}, 132).index, 1);
 }
 
+// The FP8 weight gradient's tile (128x128x128 cooperative) the same way: GPT-OSS-20B's
+// 2880-row outputs leave its 2x1 clusters a spare CTA (24 x 45 CTA tiles against 23 x 45 on
+// 1x1, the up projection; 24 x 23 against 23 x 23, the down), Qwen3-30B-A3B's do not.
+TEST(ChooseLaunch, Fp8WeightGradientsLeaveNoSpareCtaEither) {
+  const KernelVariant v = KernelVariant::Fp8RaggedK;
+  const TileConfig two{v, 128, 128, 128, 2, 1, Schedule::Cooperative, Act::Unfused, TileRole::Wide};
+  TileConfig one = two;
+  one.cluster_m = 1;
+  const LaunchChoice up = choose_launch({v, 98304, 5760, 2880, 32}, {two, one}, 132);
+  EXPECT_EQ(up.index, 1);
+  EXPECT_FALSE(up.raster_along_n);
+  EXPECT_EQ(choose_launch({v, 98304, 2880, 2880, 32}, {two, one}, 132).index, 1);
+  EXPECT_EQ(choose_launch({v, 131072, 1536, 2048, 128}, {two, one}, 132).index, 0);
+  EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, {two, one}, 132).index, 0);
+  EXPECT_EQ(choose_launch({v, 98304, 5760, 2880, 32}, {two}, 132).index, 0);
+}
+
 // Plain GEMMs on the mid tile: along n; deep groups swizzle 2, shallow ones unswizzled (the
 // scheduler would pad each group's tile grid to whole swizzle strips).
 TEST(ChooseLaunch, PlainMidTileOrder) {
