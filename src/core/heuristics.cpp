@@ -104,10 +104,11 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // tiles run for 22.5; the spare one still loads and multicasts its half of B) takes the same
   // tile on the cluster that runs the fewest CTA tiles where one is compiled (the mid tile's,
   // the FP8 tile's), if clearly fewer (3%), walked along m; on a tie the earlier in the table,
-  // 1x2 (multicast kept) before 1x1. H100, session 22, against 2x1 along n: GPT-OSS-20B's up
-  // projection (2I = 5760: 30 column tiles pair up) 1x2 1.05-1.08x faster, balanced and
-  // skewed; its down projection (2880 x 2880: 15 column tiles) 1x1 1.015x / 1.04x (1x2
-  // 0.95x). Along n either loses 13-43%.
+  // 1x2 (multicast kept) before 1x1. H100, session 22, against the mid tile's 2x1 along n:
+  // GPT-OSS-20B's up projection (2I = 5760: 30 column tiles pair up) 1x2 1.05-1.08x faster,
+  // balanced and skewed; its down projection (2880 x 2880: 15 column tiles) 1x1 1.015x /
+  // 1.04x (1x2 0.95x); along n either loses 13-43%. The FP8 tile (n tiles odd at both) on
+  // 1x1 1.03-1.04x faster than on 2x1, both along m.
   bool cluster_not_2x1 = false;
   if (!ragged_m && candidates[choice.index].cluster_m == 2) {
     const TileConfig& two = candidates[choice.index];
