@@ -85,12 +85,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
   }
   const int64_t n = w_linear.has_value() ? 2 * w.size(2) : w.size(2);  // pre's columns
   check_ragged_m_operands(x, w, offs);
-  if (bias.has_value()) {
-    check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);
-    TORCH_CHECK(bias->size(0) == w.size(0) && bias->size(1) == n, "cute_moe: bias must be (E, N) = (", w.size(0),
-                ", ", n, "), got ", bias->sizes());
-    check_row_major(*bias, "bias");
-  }
+  check_bias(bias, w, x, n);
   TORCH_CHECK(!gated || n % 2 == 0, "cute_moe: ", activation,
               " needs an even number of columns in w (gate/linear pairs), got ", w.sizes());
   const c10::cuda::CUDAGuard guard(x.device());

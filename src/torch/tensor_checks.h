@@ -173,11 +173,14 @@ void set_act_backward_tensors(Args& a, const at::Tensor& pre, at::Tensor& dpre, 
   }
 }
 
-inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& w, const at::Tensor& x) {
+// n: the output's columns where w holds only part of them (-1: w's N).
+inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& w, const at::Tensor& x,
+                       int64_t n = -1) {
   if (!bias.has_value()) return;
+  if (n < 0) n = w.size(2);
   check_cuda_tensor(*bias, "bias", at::kBFloat16, 2, x);
-  TORCH_CHECK(bias->size(0) == w.size(0) && bias->size(1) == w.size(2), "cute_moe: bias must be (E, N) = (",
-              w.size(0), ", ", w.size(2), "), got ", bias->sizes());
+  TORCH_CHECK(bias->size(0) == w.size(0) && bias->size(1) == n, "cute_moe: bias must be (E, N) = (", w.size(0),
+              ", ", n, "), got ", bias->sizes());
   check_row_major(*bias, "bias");
 }
 
