@@ -69,6 +69,8 @@ def check_declaration() -> None:
         for role, t in ks.role_tiles(tiles):
             need(role in ks.TILE_ROLES, f"{arch}/{variant}: unknown tile role {role!r}")
             need(t.schedule in ks.SCHEDULES, f"{arch}/{variant}/{role}: schedule {t.schedule!r}")
+            need(not t.twins_only or role in ks.LIMIT_FREE_TILES.get((arch, variant), ()),
+                 f"{arch}/{variant}/{role}: a twins_only tile in a role without LIMIT_FREE twins")
         family = next(v.family for v in ks.VARIANTS if v.enum == variant)
         need(family in ks.HEADERS.get(arch, {}), f"{arch}: no header for the {family!r} variants")
     for (arch, variant), roles in ks.LIMIT_FREE_TILES.items():
@@ -106,7 +108,7 @@ def kernels() -> list[tuple[ks.Arch, ks.Variant, str, ks.Tile, ks.Activation | k
         for v in ks.VARIANTS:
             tiles = ks.TILES.get((arch.name, v.enum), {})
             for role, t in ks.role_tiles(tiles):
-                out += [(arch, v, role, t, a) for a in acts_of(v)]
+                out += [(arch, v, role, t, a) for a in acts_of(v) if not t.twins_only]
             for role, t in ks.role_tiles(tiles):
                 out += [(arch, v, role, t, twin) for twin in twins_of(arch, v, role)]
     return [k for k in out if ONLY is None or ONLY.search(kernel_file_stem(*k))]

@@ -5,7 +5,8 @@ layer, and the Python activation table (python/cute_moe/activations.py).
 
 To add an activation: a functor in src/core/activations.h and a row in ACTIVATIONS.
 To add a tile: a row in TILES (the heuristic, src/core/heuristics.cpp, picks rows by role).
-To compile a gated activation's clamps out for calls without a limit: LIMIT_FREE (and its tiles).
+To compile a gated activation's clamps out for calls without a limit: LIMIT_FREE (and its tiles;
+a tile with twins_only has no other kernels).
 To add an arch: an Arch, its kernel headers in HEADERS and its TILES.
 """
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Tile(NamedTuple):
     cluster_m: int
     cluster_n: int
     schedule: str   # one of SCHEDULES
+    # compiled only as the LIMIT_FREE twins of its role's activations (the role must be in
+    # LIMIT_FREE_TILES): a tile the heuristic picks only for calls without a limit
+    twins_only: bool = False
 
 
 ARCHES = (
@@ -157,6 +161,11 @@ _NARROW = Tile(128, 128, 64, 2, 1, "Pingpong")
 _SMALL = Tile(64, 128, 128, 1, 1, "Pingpong")
 _MID_PONG = Tile(128, 192, 64, 2, 1, "Pingpong")
 _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
+# The fused backward of calls without a limit and without a bias gradient (Qwen3-MoE,
+# Mixtral, DeepSeek): pingpong overlaps one tile's heavy epilogue with the next mainloop,
+# which needs the cooperative tile's column sums out of the epilogue (they do not fit next
+# to a warpgroup's whole 128x192 accumulator; docs/perf-notes.md, session 23).
+_MID_PONG_TWINS = Tile(128, 192, 64, 2, 1, "Pingpong", twins_only=True)
 # The weight gradients' mid tile on other clusters, for outputs whose row tiles leave a 2x1
 # cluster a spare CTA (an odd count: 2880 = 22.5 x 128): along N where its column tiles pair
 # up, else alone (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
@@ -179,9 +188,9 @@ TILES = {
     ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
-    ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
-    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": _MID_COOP},
-    ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": _MID_COOP},
+    ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
+    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
+    ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},

@@ -126,10 +126,16 @@ struct GatedUnit {
 #endif
   }
 
+  // b + kLinearOffset, without an add of 0 (not folded away: -0 + 0 is +0)
+  CUTE_MOE_HOST_DEVICE static float offset(float b) {
+    if constexpr (kLinearOffset == 0) return b;
+    return b + float(kLinearOffset);
+  }
+
   CUTE_MOE_HOST_DEVICE static float forward(float a, float b, const ActParams& p) {
-    if constexpr (!kClamps) return Gate::value(a, p, nullptr) * (b + float(kLinearOffset));
+    if constexpr (!kClamps) return Gate::value(a, p, nullptr) * offset(b);
     const float hi = bound(p);
-    return Gate::value(clamp_gate(a, hi), p, nullptr) * (clamp_linear(b, hi) + float(kLinearOffset));
+    return Gate::value(clamp_gate(a, hi), p, nullptr) * offset(clamp_linear(b, hi));
   }
 
   // Returns h; writes dh * dh/da and dh * dh/db.
@@ -137,7 +143,7 @@ struct GatedUnit {
     if constexpr (!kClamps) {
       float df;
       const float f = Gate::value(a, p, &df);
-      const float v = b + float(kLinearOffset);
+      const float v = offset(b);
       da = dh * v * df;
       db = dh * f;
       return f * v;
@@ -147,7 +153,7 @@ struct GatedUnit {
     const bool b_in = (b >= -hi && b <= hi) || !p.has_limit;
     float df;
     const float f = Gate::value(clamp_gate(a, hi), p, &df);
-    const float v = clamp_linear(b, hi) + float(kLinearOffset);
+    const float v = offset(clamp_linear(b, hi));
     da = a_in ? dh * v * df : 0.0f;
     db = b_in ? dh * f : 0.0f;
     return f * v;

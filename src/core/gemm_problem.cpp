@@ -165,6 +165,8 @@ GemmProblem lower(const Fp8RaggedKGemmArgs& a) {
 GroupedProblem heuristic_view(const GemmProblem& p) {
   GroupedProblem g{p.variant, p.m, p.n, p.k, p.num_groups};
   g.act = p.act;
+  g.limit_free = p.act != Act::Unfused && !p.act_params.has_limit;
+  g.column_sums = p.bias_grad != nullptr;
   return g;
 }
 

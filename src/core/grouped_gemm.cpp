@@ -322,7 +322,19 @@ Result run_act_backward(const char* op, const detail::GemmProblem& p, const Plan
                         float* row_scale_grad, const void* dy, int64_t lddy, int64_t n, const void* out_bias,
                         int64_t out_bias_stride) {
   Result r = enqueue_gemm(p, plan, ws, stream);
-  if (r.ok() && p.bias_grad != nullptr) {
+  if (r.ok() && p.bias_grad != nullptr && !detail::fuses_column_sums(plan.kernel->config)) {
+    // a kernel without the epilogue's column sums (a forced pingpong one): a pass over dpre
+    GroupColumnSumArgs sum;
+    sum.m = p.m;
+    sum.n = dpre_width(p);
+    sum.num_groups = p.num_groups;
+    sum.offs = p.offs;
+    sum.src = p.d.ptr;
+    sum.ld = p.d.elem == detail::Elem::kBF16Pair ? 2 * p.d.ld : p.d.ld;
+    sum.out = p.bias_grad;
+    cudaError_t err = detail::launch_group_column_sum(sum, col_partial(plan, ws, p), stream);
+    if (err != cudaSuccess) return cuda_error((std::string(op) + " bias-gradient kernel").c_str(), err);
+  } else if (r.ok() && p.bias_grad != nullptr) {
     detail::TileColumnSumArgs s;
     s.partial = col_partial(plan, ws, p);
     s.ld = dpre_width(p);

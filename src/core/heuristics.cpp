@@ -94,6 +94,19 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // faster than it (5.23 / 5.42 ms against 5.55 / 5.74, balanced / skewed; session 14).
   const bool deep_groups = rows_per_group >= 2048;
   choice.index = first_with_role(TileRole::Mid);
+  // The fused backward without column sums to keep: the mid tile's pingpong kernel where
+  // one serves p (the limit-free twins'), its heavy epilogue overlapping the other
+  // warpgroup's mainloop: at Qwen3-30B-A3B 1.20x / 1.20x the cooperative one (H100,
+  // balanced / skewed; docs/perf-notes.md, session 23).
+  if (is_act_backward(p.variant) && !p.column_sums && choice.index >= 0) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const TileConfig& c = candidates[i];
+      if (serves(c, p) && c.role == TileRole::Mid && c.schedule == Schedule::Pingpong) {
+        choice.index = static_cast<int>(i);
+        break;
+      }
+    }
+  }
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
   // model weigh the 64-row tiles.

@@ -24,12 +24,21 @@ struct GroupedProblem {
   int32_t num_groups;
   Act act = Act::Unfused;  // the activation variants' activation
   Arch arch = Arch::Sm90;  // the device's
+  bool limit_free = false;   // an activation call without a clamp limit: act's LIMIT_FREE twins serve it too
+  bool column_sums = false;  // the fused backward asked for dpre's column sums (a bias gradient)
 };
 
 // Whether a compiled kernel computes this problem's variant (and activation) on its arch.
 inline bool serves(const TileConfig& c, const GroupedProblem& p) {
-  return c.variant == p.variant && c.act == p.act && c.arch == p.arch;
+  const Act twin = limit_free_twin(p.act);
+  const bool act = c.act == p.act || (p.limit_free && twin != Act::Unfused && c.act == twin);
+  return c.variant == p.variant && act && c.arch == p.arch;
 }
+
+// Whether a fused-backward kernel sums dpre's columns (the bias gradient) in its epilogue:
+// the cooperative 128-row tiles, whose epilogue subtiles span the tile's rows (as
+// Sm90ActBackward::kColumnSums says on the device). Others leave it to a pass over dpre.
+inline bool fuses_column_sums(const TileConfig& c) { return c.schedule == Schedule::Cooperative && c.tile_m == 128; }
 
 // Output tiles of one launch with this tile shape, the rows spread evenly over groups.
 int64_t output_tiles(const GroupedProblem& p, const TileConfig& c);

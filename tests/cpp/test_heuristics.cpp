@@ -322,3 +322,35 @@ TEST(ChooseLaunch, FusedMidTileOrder) {
     EXPECT_EQ(b.swizzle, 4);
   }
 }
+
+// The fused backward of a call without a limit and without a bias gradient runs the mid
+// tile's pingpong kernel, which exists only as the limit-free twin (no column sums in its
+// epilogue); a call with either keeps the cooperative kernel, the twin or the clamping one.
+TEST(ChooseLaunch, FusedBackwardWithoutColumnSumsTakesThePingpongTwin) {
+  const KernelVariant v = KernelVariant::ActBwd_BCol;
+  const TileConfig wide{v, 128, 256, 64, 2, 1, Schedule::Cooperative, Act::Swiglu, TileRole::Wide};
+  const TileConfig coop{v, 128, 192, 64, 2, 1, Schedule::Cooperative, Act::Swiglu, TileRole::Mid};
+  TileConfig coop_twin = coop, pong_twin = coop;
+  coop_twin.act = pong_twin.act = Act::SwigluNoLimit;
+  pong_twin.schedule = Schedule::Pingpong;
+  const std::vector<TileConfig> all = {wide, coop, coop_twin, pong_twin};
+  GroupedProblem qwen{v, 131072, 768, 2048, 128, Act::Swiglu};
+  EXPECT_EQ(choose_launch(qwen, all, 132).index, 1);  // with a limit: the twins do not serve it
+  EXPECT_FALSE(serves(pong_twin, qwen));
+  qwen.limit_free = true;
+  EXPECT_TRUE(serves(pong_twin, qwen));
+  const LaunchChoice c = choose_launch(qwen, all, 132);
+  EXPECT_EQ(c.index, 3);
+  EXPECT_TRUE(c.raster_along_n);
+  EXPECT_EQ(choose_launch(qwen, {wide, coop, coop_twin}, 132).index, 1);  // not compiled
+  qwen.column_sums = true;
+  EXPECT_EQ(choose_launch(qwen, all, 132).index, 1);
+  // the column sums are the cooperative 128-row kernels' only
+  EXPECT_TRUE(fuses_column_sums(coop));
+  EXPECT_TRUE(fuses_column_sums(wide));
+  EXPECT_FALSE(fuses_column_sums(pong_twin));
+  // no twin of another activation serves it
+  GroupedProblem oai{v, 98304, 2880, 2880, 32, Act::SwigluOai};
+  oai.limit_free = true;
+  EXPECT_FALSE(serves(pong_twin, oai));
+}

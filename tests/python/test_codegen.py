@@ -63,6 +63,24 @@ def test_a_role_holding_several_tiles_gets_a_kernel_for_each(generate, monkeypat
         gen.check_declaration()
 
 
+def test_a_twins_only_tile_gets_only_the_limit_free_twins(generate, monkeypatch):
+    gen, ks = generate
+    coop, pong = ks.Tile(128, 192, 64, 2, 1, "Cooperative"), ks.Tile(128, 192, 64, 2, 1, "Pingpong", twins_only=True)
+    tiles = dict(ks.TILES)
+    tiles[("sm90", "ActBwd_BCol")] = {"wide": tiles[("sm90", "ActBwd_BCol")]["wide"], "mid": (coop, pong)}
+    monkeypatch.setattr(ks, "TILES", tiles)
+    gen.check_declaration()
+    mid = [gen.kernel_file_stem(*k) for k in gen.kernels() if k[1].enum == "ActBwd_BCol" and k[2] == "mid"]
+    cooperative = [m for m in mid if "_coop_" in m]
+    assert len(cooperative) == len(ks.ACTIVATIONS) + len(ks.LIMIT_FREE)  # every activation, twins
+    assert [m for m in mid if "_pong_" in m] == [f"sm90_act_backward_bcol_128x192x64_2x1_pong_{t.name}"
+                                                  for t in ks.LIMIT_FREE]
+    # only in a role that has twins
+    tiles[("sm90", "ActBwd_BCol")] = {"wide": pong}
+    with pytest.raises(gen.DeclarationError, match="ActBwd_BCol/wide: a twins_only tile in a role without"):
+        gen.check_declaration()
+
+
 def test_a_limit_on_an_ungated_activation_is_refused(generate, monkeypatch):
     gen, ks = generate
     acts = tuple(a._replace(default_limit=3.0) if a.name == "srelu" else a for a in ks.ACTIVATIONS)

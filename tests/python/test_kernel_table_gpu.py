@@ -202,7 +202,8 @@ def test_forced_row_matches_the_reference(row, monkeypatch, capfd):
 def test_the_heuristic_runs_the_limit_free_twin_only_without_a_limit(limit, monkeypatch, capfd):
     """Unforced calls of "swiglu" (the heuristic's tiles, which have twins): forward and fused
     backward on the twins without a limit, on the clamping kernels with one; both against the
-    reference."""
+    reference. The fused backward without a bias gradient runs on the pingpong twin (no column
+    sums in its epilogue), with one on the cooperative kernel."""
     if not any(r.split(":")[1] == "swiglu" + NOLIMIT for r in ROWS):
         pytest.skip("this build has no limit-free swiglu kernels")
     monkeypatch.setenv("CUTE_MOE_LOG_CONFIG", "1")
@@ -224,9 +225,19 @@ def test_the_heuristic_runs_the_limit_free_twin_only_without_a_limit(limit, monk
                                       ALPHA, limit, "interleaved")
     for name, a, b in zip(("dpre", "hp", "dprob"), got, want):
         _check(name, a, b)
+    got = ops.grouped_mm_act_bwd(dy, wd.transpose(-2, -1), offs, pre, None, prob, None, True, "swiglu",
+                                 ALPHA, limit, "interleaved", True)
+    want = ref.grouped_mm_act_bwd_ref(dy, wd.transpose(-2, -1), offs, pre, None, prob, None, True, "swiglu",
+                                      ALPHA, limit, "interleaved", True)
+    for name, a, b in zip(("dpre", "hp", "dprob", "db"), got, want):
+        _check(name, a, b)
     torch.cuda.synchronize()
     log = capfd.readouterr().err
     lines = [line for line in log.splitlines() if "act_forward" in line or "act_backward" in line]
-    assert len(lines) == 2, log
+    assert len(lines) == 3, log
     for line in lines:
         assert ("swiglu_nolimit" in line) == (limit is None), line
+    backward, backward_db = lines[1], lines[2]
+    pong_twin = any(r.startswith("act_backward:swiglu" + NOLIMIT + ":") and r.endswith("_pong") for r in ROWS)
+    assert ("_pong " in backward) == (limit is None and pong_twin), backward
+    assert "_coop " in backward_db, backward_db

@@ -24,7 +24,8 @@
 //                  and dlinear a second TMA-stored output, n columns past it.
 //                  With col_partial, it also sums dpre (as rounded to bf16) over the
 //                  tile's rows per column: the tile's part of the up projection's bias
-//                  gradient (tile_column_sums.cuh), in dpre's column order.
+//                  gradient (tile_column_sums.cuh), in dpre's column order; cooperative
+//                  128-row tiles only (kColumnSums, heuristics.h fuses_column_sums).
 //
 // The TMA-stored outputs are whole matrices whose descriptors clip each tile at its
 // group's rows and the matrix's columns: nothing outside the group's problem is written.
@@ -103,6 +104,13 @@ struct Sm90ActBackward : NodeWithoutLoads {
   // (dpre's own column order: interleaved pairs, [dgate | dlinear] halves, or one value).
   static constexpr int kSumValues = Activation::kGated ? 2 : 1;
   static constexpr int64_t kSumColStride = Activation::kGated && !kHalvesOut ? 2 : 1;
+  // Only where a subtile spans the tile's 128 rows (two consumer warpgroups, cooperative;
+  // heuristics.h, fuses_column_sums, says the same on the host): a pingpong warpgroup holds
+  // a whole 128x192 tile's accumulators, and the sums' registers made it spill 640-856
+  // bytes. A kernel without them leaves the bias gradient to a pass over dpre
+  // (grouped_gemm.cpp, run_act_backward).
+  static constexpr bool kColumnSums = decltype(cute::size<0>(EpiTile{}))::value == kColumnSumChunkRows;
+  using ColumnSums = std::conditional_t<kColumnSums, TileColumnSums<kSumValues>, Absent>;
 
   // The tile's column sums: the warp's partial row (null: none) and the thread's first
   // column in the group's problem, of its n columns.
@@ -132,7 +140,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
         row_sum[s] = 0.0f;
         touched[s] = false;
       }
-      col_sums.clear();
+      if constexpr (kColumnSums) col_sums.clear();
     }
     CTensor tCcD;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the first element
     ActParams act;
@@ -144,7 +152,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
     float row_sum[kRowSlots];
     bool touched[kRowSlots];
     ColumnSumTarget col_target;
-    TileColumnSums<kSumValues> col_sums;
+    ColumnSums col_sums;
 
     // frg_acc = dy @ W^T (fp32); frg_pre: the forward's pre (gated: 32-bit words, each
     // the bf16 (gate, linear) pair of one column, gate in the low half); frg_p: the row
@@ -161,7 +169,7 @@ struct Sm90ActBackward : NodeWithoutLoads {
       cutlass::Array<ElementAux, FragmentSize> hp;
       cutlass::Array<ElementAux, FragmentSize> dlin;  // kHalvesOut
       auto coords = tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
-      const bool sum_columns = col_target.row != nullptr;  // the same in the whole tile
+      const bool sum_columns = kColumnSums && col_target.row != nullptr;  // the same in the whole tile
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += 2) {
         float hs = 0.0f;  // h * s over the pair
@@ -189,7 +197,9 @@ struct Sm90ActBackward : NodeWithoutLoads {
           }
           hp[i + j] = cutlass::bfloat16_t(p * h);
           hs += h * s;
-          if (sum_columns) add_to_column_sums(coords, epi_v * FragmentSize + i + j, dpre[i + j], dlin[i + j]);
+          if constexpr (kColumnSums) {
+            if (sum_columns) add_to_column_sums(coords, epi_v * FragmentSize + i + j, dpre[i + j], dlin[i + j]);
+          }
         }
         // No bounds test: a column past n has acc = 0 (B is zero-filled there), so s = 0
         // and h finite (pre is zero-filled too): it adds 0. A row past the group's end
@@ -230,10 +240,12 @@ struct Sm90ActBackward : NodeWithoutLoads {
       // a subtile's columns are whole after its last row block (the collective walks a
       // column of subtiles before the next)
       constexpr int kEpiMs = decltype(cute::size<3>(std::declval<CTensor>()))::value;
-      if (col_target.row != nullptr && epi_m == kEpiMs - 1) {
-        const int32_t first = col_target.first + cute::get<1>(tCcD(0, 0, 0, epi_m, epi_n));
-        col_sums.store(col_target.row, first, col_target.cols, kSumColStride, kHalvesOut ? col_target.cols : 1);
-        col_sums.clear();
+      if constexpr (kColumnSums) {
+        if (col_target.row != nullptr && epi_m == kEpiMs - 1) {
+          const int32_t first = col_target.first + cute::get<1>(tCcD(0, 0, 0, epi_m, epi_n));
+          col_sums.store(col_target.row, first, col_target.cols, kSumColStride, kHalvesOut ? col_target.cols : 1);
+          col_sums.clear();
+        }
       }
       if (issue_smem_store) {
         hp_store.to_smem(epi_m, epi_n, store_iteration);
@@ -273,21 +285,23 @@ struct Sm90ActBackward : NodeWithoutLoads {
     }
     const float scale = params->group_scale != nullptr ? params->group_scale[l] : 1.0f;
     ColumnSumTarget col_target;
-    if (params->col_partial != nullptr) {
-      constexpr int kCtaM = decltype(cute::size<0>(args.tile_shape_mnk))::value;
-      constexpr int kThreads = decltype(cute::size(args.tiled_copy))::value;
-      static_assert(kCtaM == kColumnSumChunkRows && kThreads == 32 * kTileColumnSumWarps &&
-                        decltype(cute::size<1>(EpiTile{}))::value == 32,
-                    "column sums: 128-row tiles, two consumer warpgroups, 32-column subtiles");
-      const int m = cute::get<0>(args.tile_coord_mnkl);
-      const int32_t rows = cute::get<0>(args.problem_shape_mnkl);
-      if (rows > m * kCtaM) {  // not a cluster's spare tile past the group's rows
-        const int64_t begin = l == 0 ? 0 : params->offs[l - 1];
-        const int64_t slot = tile_column_sum_slot(begin, m, l);
-        col_target.row =
-            params->col_partial + (slot * kTileColumnSumWarps + int(args.thread_idx) / 32) * params->col_partial_ld;
-        col_target.cols = cute::get<1>(args.problem_shape_mnkl);
-        col_target.first = col_target.cols - int32_t(cute::get<1>(args.residue_tCcD));
+    if constexpr (kColumnSums) {
+      if (params->col_partial != nullptr) {
+        constexpr int kCtaM = decltype(cute::size<0>(args.tile_shape_mnk))::value;
+        constexpr int kThreads = decltype(cute::size(args.tiled_copy))::value;
+        static_assert(kCtaM == kColumnSumChunkRows && kThreads == 32 * kTileColumnSumWarps &&
+                          decltype(cute::size<1>(EpiTile{}))::value == 32,
+                      "column sums: 128-row tiles, two consumer warpgroups, 32-column subtiles");
+        const int m = cute::get<0>(args.tile_coord_mnkl);
+        const int32_t rows = cute::get<0>(args.problem_shape_mnkl);
+        if (rows > m * kCtaM) {  // not a cluster's spare tile past the group's rows
+          const int64_t begin = l == 0 ? 0 : params->offs[l - 1];
+          const int64_t slot = tile_column_sum_slot(begin, m, l);
+          col_target.row =
+              params->col_partial + (slot * kTileColumnSumWarps + int(args.thread_idx) / 32) * params->col_partial_ld;
+          col_target.cols = cute::get<1>(args.problem_shape_mnkl);
+          col_target.first = col_target.cols - int32_t(cute::get<1>(args.residue_tCcD));
+        }
       }
     }
     auto hp_store = Store::template tile<ReferenceSrc>(&params->hp, storage->hp, args);
