@@ -164,7 +164,9 @@ _MID_COOP = Tile(128, 192, 64, 2, 1, "Cooperative")
 # The fused backward of calls without a limit and without a bias gradient (Qwen3-MoE,
 # Mixtral, DeepSeek): pingpong overlaps one tile's heavy epilogue with the next mainloop,
 # which needs the cooperative tile's column sums out of the epilogue (they do not fit next
-# to a warpgroup's whole 128x192 accumulator; docs/perf-notes.md, session 23).
+# to a warpgroup's whole 128x192 accumulator). Even so it spills 152-192 bytes, per-tile
+# scalars outside the k-loop, and is 1.18-1.22x the cooperative kernel at Qwen3-30B-A3B
+# (docs/perf-notes.md, session 23).
 _MID_PONG_TWINS = Tile(128, 192, 64, 2, 1, "Pingpong", twins_only=True)
 # The weight gradients' mid tile on other clusters, for outputs whose row tiles leave a 2x1
 # cluster a spare CTA (an odd count: 2880 = 22.5 x 128): along N where its column tiles pair

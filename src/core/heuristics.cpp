@@ -96,7 +96,7 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   choice.index = first_with_role(TileRole::Mid);
   // The fused backward without column sums to keep: the mid tile's pingpong kernel where
   // one serves p (the limit-free twins'), its heavy epilogue overlapping the other
-  // warpgroup's mainloop: at Qwen3-30B-A3B 1.20x / 1.20x the cooperative one (H100,
+  // warpgroup's mainloop: at Qwen3-30B-A3B 1.18-1.22x the cooperative one (H100,
   // balanced / skewed; docs/perf-notes.md, session 23).
   if (is_act_backward(p.variant) && !p.column_sums && choice.index >= 0) {
     for (size_t i = 0; i < candidates.size(); ++i) {
