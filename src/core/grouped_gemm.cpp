@@ -323,7 +323,8 @@ Result run_act_backward(const char* op, const detail::GemmProblem& p, const Plan
                         int64_t out_bias_stride) {
   Result r = enqueue_gemm(p, plan, ws, stream);
   if (r.ok() && p.bias_grad != nullptr && !detail::fuses_column_sums(plan.kernel->config)) {
-    // a kernel without the epilogue's column sums (a forced pingpong one): a pass over dpre
+    // a kernel without the epilogue's column sums (a forced pingpong one): a pass over dpre,
+    // a bf16 matrix dpre_width wide, with the partials' scratch (more than the pass needs)
     GroupColumnSumArgs sum;
     sum.m = p.m;
     sum.n = dpre_width(p);

@@ -75,9 +75,13 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // sums) is the heaviest: fewer, larger tiles won 3-4% at both the GPT-OSS and the
   // Qwen3 shapes (docs/perf-notes.md, "activation family").
   const TileRole rule = short_reduction && !is_act_backward(p.variant) ? TileRole::Narrow : TileRole::Wide;
-  auto first_with_role = [&](TileRole role) {
+  // the first row serving p in this role (and on this schedule, where one is named)
+  auto first_with_role = [&](TileRole role, const Schedule* schedule = nullptr) {
     for (size_t i = 0; i < candidates.size(); ++i) {
-      if (serves(candidates[i], p) && candidates[i].role == role) return static_cast<int>(i);
+      const TileConfig& c = candidates[i];
+      if (serves(c, p) && c.role == role && (schedule == nullptr || c.schedule == *schedule)) {
+        return static_cast<int>(i);
+      }
     }
     return -1;
   };
@@ -98,14 +102,10 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // one serves p (the limit-free twins'), its heavy epilogue overlapping the other
   // warpgroup's mainloop: at Qwen3-30B-A3B 1.18-1.22x the cooperative one (H100,
   // balanced / skewed; docs/perf-notes.md, session 23).
-  if (is_act_backward(p.variant) && !p.column_sums && choice.index >= 0) {
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const TileConfig& c = candidates[i];
-      if (serves(c, p) && c.role == TileRole::Mid && c.schedule == Schedule::Pingpong) {
-        choice.index = static_cast<int>(i);
-        break;
-      }
-    }
+  if (is_act_backward(p.variant) && !p.column_sums) {
+    const Schedule pingpong = Schedule::Pingpong;
+    const int twin = first_with_role(TileRole::Mid, &pingpong);
+    if (twin >= 0) choice.index = twin;
   }
   if (choice.index < 0) choice.index = first_with_role(rule);
   // Tiny groups (<= 64 rows on average): mostly padding in a 128-row tile; let the cost
