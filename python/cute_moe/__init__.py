@@ -4,6 +4,7 @@ from . import reference, repack
 from ._library import library_loaded
 # The op modules register their fake and CPU kernels with the loaded library on import.
 from .ops import fp8 as _fp8_ops, gemm as _gemm_ops, glu as _glu_ops, permute as _permute_ops  # noqa: F401
+from .ops import routing as _routing_ops  # noqa: F401
 from .ops.checks import offs_check_enabled, set_offs_check
 from .expert_ffn import expert_ffn
 from .swiglu import grouped_mm_downproj, grouped_mm_swiglu

@@ -8,8 +8,11 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _library
+from ..ops.routing import SORT_MAX_EXPERTS
 from ..permute import permute as _gather_rows
 from ..permute import unpermute as _combine_rows
+from ..reference.routing import sort_by_expert_ref
 
 __all__ = ["Dispatch", "sort_by_expert", "sort_received", "tokens_per_expert", "permute",
            "unpermute"]
@@ -31,25 +34,53 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int,
     Routed row r = j-th choice of token t, M = T * k rows, sorted by expert with a
     stable sort so that each expert's rows keep token order (deterministic, and the
     order torchtitan's dispatcher produces). offs[e] = number of rows with expert <= e
-    (searchsorted on the sorted ids, so empty experts cost nothing). Device work only:
-    no .item(), no data-dependent shapes."""
-    if experts.dim() != 2:
-        raise ValueError(f"sort_by_expert: experts: expected a (T, k) tensor, got shape "
-                         f"{tuple(experts.shape)}")
+    (empty experts cost nothing). Ids outside [0, num_experts) (expert-parallel
+    sentinels) are padding rows: sorted after every expert, past offs[-1], where the
+    grouped GEMMs leave them zero. Device work only: no .item(), no data-dependent shapes.
+    On a GPU with the op library, one counting sort (cute_moe::sort_by_expert, three small
+    kernels); elsewhere its reference (torch.sort), with the same result."""
+    if not isinstance(experts, torch.Tensor) or experts.dim() != 2:
+        raise ValueError(f"sort_by_expert: experts: expected a (T, k) tensor, got "
+                         f"{tuple(experts.shape) if isinstance(experts, torch.Tensor) else experts!r}")
     if weights is not None and weights.shape != experts.shape:
         raise ValueError(f"sort_by_expert: weights: expected shape {tuple(experts.shape)} "
                          f"(experts'), got {tuple(weights.shape)}")
-    t, k = experts.shape
-    m, dev = t * k, experts.device
-    flat = experts.reshape(-1)
-    sorted_ids, order = torch.sort(flat, stable=True)
-    row_token = torch.div(order, k, rounding_mode="floor").to(torch.int32)
-    token_rows = torch.empty(m, dtype=torch.int32, device=dev).scatter_(
-        0, order, torch.arange(m, dtype=torch.int32, device=dev)).view(t, k)
-    offs = torch.searchsorted(sorted_ids, torch.arange(num_experts, dtype=sorted_ids.dtype,
-                                                        device=dev), right=True, out_int32=True)
-    prob = None if weights is None else weights.reshape(-1).gather(0, order)
-    return Dispatch(row_token, token_rows, offs, prob)
+    if _sort_on_device(experts, num_experts, weights):
+        if weights is not None:
+            weights = weights.to(torch.float32).contiguous()  # prob is fp32 for the kernels anyway
+        return Dispatch(*_SortByExpert.apply(experts.contiguous(), num_experts, weights))
+    s = sort_by_expert_ref(experts, num_experts, weights)
+    return Dispatch(s.row_token, s.token_rows, s.offs, s.prob)
+
+
+def _sort_on_device(experts, num_experts, weights) -> bool:
+    return (_library.library_loaded() and experts.is_cuda
+            and experts.dtype in (torch.int64, torch.int32)
+            and isinstance(num_experts, int) and 1 <= num_experts <= SORT_MAX_EXPERTS
+            and experts.numel() < 2 ** 31
+            and (weights is None or (weights.is_floating_point() and weights.device == experts.device
+                                     and weights.dtype != torch.float64)))
+
+
+class _SortByExpert(torch.autograd.Function):
+    """cute_moe::sort_by_expert; prob[r] = weights[i] for the choice i sorted to row r, so
+    dweights[i] = dprob[token_rows[i]] (a gather: one reader per element)."""
+
+    @staticmethod
+    def forward(ctx, experts, num_experts, weights):
+        row_token, token_rows, offs, prob = torch.ops.cute_moe.sort_by_expert(
+            experts, num_experts, weights)
+        ctx.save_for_backward(token_rows)
+        ctx.mark_non_differentiable(row_token, token_rows, offs)
+        return row_token, token_rows, offs, (prob if weights is not None else None)
+
+    @staticmethod
+    def backward(ctx, _row_token, _token_rows, _offs, dprob):
+        (token_rows,) = ctx.saved_tensors
+        dweights = None
+        if ctx.needs_input_grad[2] and dprob is not None:
+            dweights = dprob.index_select(0, token_rows.reshape(-1)).view(token_rows.shape)
+        return None, None, dweights
 
 
 def sort_received(counts: torch.Tensor, rows: int) -> Dispatch:

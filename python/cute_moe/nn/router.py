@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gate_logits import gate_logits, serves_on_tensor_cores
+from .top_k import top_k
 
 __all__ = ["RouterOutput", "TopKRouter"]
 
@@ -114,9 +115,9 @@ class TopKRouter(nn.Module):
         k = self.top_k
         if self.expert_bias is None:
             # both score functions are monotone, so the top-k logits are the top-k scores
-            top, experts = torch.topk(logits, k, dim=-1)
+            top, experts = top_k(logits, k)
         else:
-            _, experts = torch.topk(self._scores(logits) + self.expert_bias, k, dim=-1)
+            _, experts = top_k(self._scores(logits) + self.expert_bias, k)
             top = logits.gather(-1, experts)
         if self.score_func == "softmax" and self.renormalize:
             # softmax over all E, gathered and renormalised, is the softmax of the chosen
