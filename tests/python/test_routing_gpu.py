@@ -196,3 +196,21 @@ def test_moe_layer_routes_as_the_torch_path(kw, monkeypatch):
     plain = run()
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
+
+
+def test_moe_layer_compiles_with_the_routing_kernels():
+    """torch.compile(fullgraph=True) traces the routing ops (their fake kernels) and their
+    autograd; the compiled layer gives the eager layer's output and gradients."""
+    torch.manual_seed(1)
+    moe = MoE(hidden=256, inter=128, num_experts=16, top_k=4, dtype=torch.bfloat16,
+              device="cuda").train()
+    x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    params = [x, *moe.parameters()]
+    eager_out = moe(x)
+    eager = torch.autograd.grad(eager_out, params, dy)
+    compiled_out = torch.compile(moe, fullgraph=True)(x)
+    compiled = torch.autograd.grad(compiled_out, params, dy)
+    testing.assert_rel_close(compiled_out, eager_out, "out", torch.bfloat16)
+    for i, (a, b) in enumerate(zip(compiled, eager)):
+        testing.assert_rel_close(a, b, f"grad {i}", torch.bfloat16)
