@@ -42,8 +42,10 @@ struct ActivationOptions {
 // interleaved (the layout act_backward reads), and h is the same either way.
 // w_linear (kHalves only, optional): the two halves as two tensors (torchtitan's w1, w3).
 // gemm.w then holds the gate half (columns j < n/2) and w_linear the linear half (column
-// n/2 + j at w_linear + j * w_stride_n), with gemm.w's strides; it must lie after gemm.w,
-// a multiple of 16 bytes and less than 2^40 bytes beyond it (one TMA stride spans the two).
+// n/2 + j at w_linear + j * w_stride_n), with gemm.w's strides, a multiple of 16 bytes and
+// less than 2^40 bytes from gemm.w (one TMA stride spans the two): after it, or, without a
+// bias, before it (the kernel then loads each pair as (linear, gate) and its epilogue swaps
+// the two back, so pre and h are the same).
 struct ActForwardArgs {
   RaggedMGemmArgs gemm;
   void* h = nullptr;  // bf16 (gemm.m, width above), row stride ldh

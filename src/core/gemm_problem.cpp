@@ -89,6 +89,13 @@ GemmProblem lower(const ActForwardArgs& a) {
   add_act_forward(p, a.act, a.h, a.ldh);
   p.b_halves = a.gate_linear == GateLinear::kHalves;
   p.b_linear = a.w_linear;
+  if (a.w_linear != nullptr && reinterpret_cast<uintptr_t>(a.w_linear) < reinterpret_cast<uintptr_t>(a.gemm.w)) {
+    // A TMA stride is positive: the paired B is based at the lower tensor, the linear half,
+    // and the epilogue swaps each loaded (linear, gate) pair back (validated: no bias).
+    p.b.ptr = a.w_linear;
+    p.b_linear = a.gemm.w;
+    p.b_pairs_swapped = true;
+  }
   return p;
 }
 

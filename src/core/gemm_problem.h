@@ -67,6 +67,8 @@ struct GemmProblem {
   bool b_k_major = false;                // ragged M: W[g]'s unit stride is along k (BCol)
   bool b_halves = false;                 // act forward: W's gate / linear columns as [gate | linear]
   const void* b_linear = nullptr;        //   with the linear half here (null: after the gate half in b)
+  bool b_pairs_swapped = false;          //   b holds the linear half and b_linear the gate half (the
+                                         //   two tensors the other way round): pairs load as (linear, gate)
   BlockScales b_scales;                  // FP8: B's 128 x 128 block scales, (groups, ceil(n / 128),
                                          //   ceil(k / 128))
   Operand c;                             // epilogue source (act backward: pre)

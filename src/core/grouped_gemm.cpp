@@ -250,6 +250,7 @@ Result enqueue_gemm(const detail::GemmProblem& p, const Plan& plan, void* worksp
   ctx.dynamic_schedule = plan.dynamic_schedule;
   ctx.schedule_lookahead = plan.lookahead;
   ctx.act = p.act_params;
+  ctx.swap_pairs = p.b_pairs_swapped;
   ctx.scales = {p.a_scales.stride_mn, p.a_scales.stride_k, p.b_scales.stride_mn, p.b_scales.stride_k};
   ctx.d = {const_cast<void*>(p.d.ptr), p.d.ld, p.n};
   if (!is_ragged_m(p)) {  // (groups, k, n): one block per group

@@ -123,6 +123,7 @@ struct LaunchContext {
   bool dynamic_schedule = false; // variants with a dynamic scheduler: use it (else its static order)
   int schedule_lookahead = 2;   // dynamic: tiles a CTA may take before it starts the one before
   ActParams act;                // activation epilogues only
+  bool swap_pairs = false;      // act forward: B's pairs load as (linear, gate); the epilogue swaps them
   WholeOperands whole;          // variants whose operands TMA loads (not the gathered A)
   OutputMatrix d;               // the GEMM's output (D; act forward: pre)
   OutputMatrix aux;             // act forward: h; act backward: p * h

@@ -207,9 +207,13 @@ Result validate(const ActForwardArgs& a) {
   if (a.w_linear != nullptr) {
     c.require(a.gate_linear == GateLinear::kHalves, "w_linear (the linear half as its own tensor) needs gate_linear kHalves");
     const int64_t apart = int64_t(reinterpret_cast<uintptr_t>(a.w_linear)) - int64_t(reinterpret_cast<uintptr_t>(a.gemm.w));
-    c.require(apart > 0 && apart % 16 == 0 && apart < (int64_t(1) << 40),
-              "w_linear must lie after w (the gate half), a multiple of 16 bytes and less than 2^40 bytes beyond it "
+    const int64_t distance = apart < 0 ? -apart : apart;
+    c.require(apart != 0 && distance % 16 == 0 && distance < (int64_t(1) << 40),
+              "w_linear must lie a multiple of 16 bytes and less than 2^40 bytes from w (the gate half), not on it "
               "(one TMA stride spans the two tensors), got ", apart, " bytes");
+    c.require(apart > 0 || a.gemm.bias == nullptr,
+              "w_linear before w (the gate half) is served without a bias only (the kernel loads such pairs as "
+              "(linear, gate)); got a bias and w_linear ", -apart, " bytes before w");
   }
   return c.result();
 }

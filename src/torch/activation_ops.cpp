@@ -49,12 +49,13 @@ at::Tensor join_halves(const at::Tensor& w, const at::Tensor& w_linear) {
 }
 
 // Whether the forward reads the halves as two tensors in place (ActForwardArgs::w_linear):
-// one set of strides, k-contiguous, the linear half after the gate half by a multiple of
-// 16 bytes below 2^40 (one TMA stride spans them).
-bool halves_in_place(const at::Tensor& w, const at::Tensor& w_linear) {
+// one set of strides, k-contiguous, the two a multiple of 16 bytes below 2^40 apart (one
+// TMA stride spans them), the linear half after the gate half or, without a bias, before it.
+bool halves_in_place(const at::Tensor& w, const at::Tensor& w_linear, bool has_bias) {
   const int64_t apart = reinterpret_cast<intptr_t>(w_linear.data_ptr()) - reinterpret_cast<intptr_t>(w.data_ptr());
-  return w.stride(1) == 1 && w_linear.strides() == w.strides() && apart > 0 && apart % 16 == 0 &&
-         apart < (int64_t(1) << 40);
+  const int64_t distance = apart < 0 ? -apart : apart;
+  return w.stride(1) == 1 && w_linear.strides() == w.strides() && apart != 0 && distance % 16 == 0 &&
+         distance < (int64_t(1) << 40) && (apart > 0 || !has_bias);
 }
 
 // (h, pre): pre = scale[e] * (x @ w[e]) + bias[e], h = act(pre). w_linear: the [gate |
@@ -78,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_act_cuda(const at::Tensor& x, cons
     check_cuda_tensor(*w_linear, "w_linear", at::kBFloat16, 3, x);
     TORCH_CHECK(w_linear->sizes() == w.sizes(), "cute_moe: w_linear must have the gate half's shape (E, K, I) = ",
                 w.sizes(), ", got ", w_linear->sizes());
-    if (!halves_in_place(w, *w_linear)) {
+    if (!halves_in_place(w, *w_linear, bias.has_value())) {
       return grouped_mm_act_cuda(x, join_halves(w, *w_linear), offs, bias, scale, activation, alpha, limit,
                                  gate_linear, std::nullopt);
     }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "cute_moe/fused_activation.h"
+#include "gemm_problem.h"
 #include "validate_test_util.h"
 
 namespace {
@@ -272,13 +273,43 @@ TEST(ValidateActivation, HalvesAsTwoTensorsRules) {
   expect_rejected(f, "w_linear (the linear half as its own tensor) needs gate_linear kHalves");
   f.gate_linear = GateLinear::kHalves;
   EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
-  f.w_linear = fake(0x30000 - 0x1000);
-  expect_rejected(f, "w_linear must lie after w (the gate half), a multiple of 16 bytes and less than 2^40 bytes "
-                     "beyond it (one TMA stride spans the two tensors), got -4096 bytes");
+  f.w_linear = fake(0x30000 - 0x1000);  // before the gate half: served without a bias
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+  f.gemm.bias = fake<const void>(0x80000);
+  f.gemm.bias_stride_group = f.gemm.n;
+  expect_rejected(f, "w_linear before w (the gate half) is served without a bias only");
+  expect_rejected(f, "got a bias and w_linear 4096 bytes before w");
+  f.w_linear = fake(0x30000 + 0x1000);
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;  // after it, with a bias
+  f.w_linear = fake(0x30000 - 0x1008);
+  expect_rejected(f, "w_linear must lie a multiple of 16 bytes and less than 2^40 bytes from w (the gate half), "
+                     "not on it (one TMA stride spans the two tensors), got -4104 bytes");
   f.w_linear = fake(0x30000 + (uintptr_t(1) << 40));
   expect_rejected(f, "got 1099511627776 bytes");
   f.w_linear = fake(0x30000);
   expect_rejected(f, "got 0 bytes");
+}
+
+TEST(LowerActForward, HalvesBeforeTheGateHalfLoadSwappedPairs) {
+  using cute_moe::GateLinear;
+  cute_moe::ActForwardArgs f;
+  f.gemm = valid_m();
+  f.gemm.w_stride_k = 1;
+  f.gemm.w_stride_n = f.gemm.k;
+  f.gemm.w_stride_group = f.gemm.k * f.gemm.n / 2;
+  f.h = fake(0x70000);
+  f.ldh = f.gemm.n / 2;
+  f.gate_linear = GateLinear::kHalves;
+  f.w_linear = fake(0x30000 + 0x1000);
+  cute_moe::detail::GemmProblem p = cute_moe::detail::lower(f);
+  EXPECT_EQ(p.b.ptr, f.gemm.w);
+  EXPECT_EQ(p.b_linear, f.w_linear);
+  EXPECT_FALSE(p.b_pairs_swapped);
+  f.w_linear = fake(0x30000 - 0x1000);
+  p = cute_moe::detail::lower(f);
+  EXPECT_EQ(p.b.ptr, f.w_linear);  // based at the lower tensor, the linear half
+  EXPECT_EQ(p.b_linear, f.gemm.w);
+  EXPECT_TRUE(p.b_pairs_swapped);
 }
 
 TEST(StatusNames, AreReadable) {

@@ -168,8 +168,9 @@ def check_halves_pair(leaves, offs, activation, placement):
     bit for bit (the same tiles reach the same kernels: the pair is read in place by the
     forward, the input gradient and the weight gradients).
     placement: where w_linear's storage lies: "above" w_gate's (the forward's B load spans
-    both), "apart" (above, one tensor between), "below" (the forward joins them; the
-    backward reads them in place), "separate" (two allocations in any order).
+    both), "apart" (above, one tensor between), "below" (the forward's B load spans both
+    from w_linear and swaps each pair back in its epilogue; with a bias it joins them
+    instead; the backward reads them in place), "separate" (two allocations in any order).
     The block takes no scale_up (a pair with one is joined)."""
     import cute_moe
     from cute_moe.repack import interleaved_to_halves

@@ -164,12 +164,15 @@ def test_halves_pair_joined_where_not_in_place(inter):
     check_halves_pair(leaves, offs, "swiglu", "separate")
 
 
-@pytest.mark.parametrize("placement, copies", [("above", False), ("below", True)])
-def test_halves_pair_read_in_place(placement, copies):
-    """No copy of the weights where w_linear lies above w_gate (forward and backward); below
-    it, the forward joins them (one aten::cat) and the backward still reads them apart."""
+@pytest.mark.parametrize("placement, bias, copies", [("above", False, False), ("below", False, False),
+                                                     ("above", True, False), ("below", True, True)])
+def test_halves_pair_read_in_place(placement, bias, copies):
+    """No copy of the weights where w_linear lies above w_gate, nor below it without a bias
+    (the kernel loads the pairs as (linear, gate) and swaps them back), forward and
+    backward; below it with a bias, the forward joins them (one aten::cat) and the backward
+    still reads them apart. The results: test_halves_pair_gives_the_joined_bits."""
     from cute_moe.repack import interleaved_to_halves
-    leaves, offs = make_block(512, 128, 128, 4, "swiglu", bias=False, prob=False, scale=False,
+    leaves, offs = make_block(512, 128, 128, 4, "swiglu", bias=bias, prob=False, scale=False,
                               device="cuda", seed=37)
     halves = interleaved_to_halves(leaves["w_up"].detach(), -1).transpose(-2, -1)  # (E, 2I, H)
     buf = torch.stack([halves[:, :128], halves[:, 128:]] if placement == "above"
@@ -177,8 +180,11 @@ def test_halves_pair_read_in_place(placement, copies):
     pair = (buf[0], buf[1]) if placement == "above" else (buf[1], buf[0])
     pair = tuple(t.transpose(-2, -1) for t in pair)
     x, w_down = leaves["x"], leaves["w_down"]
+    b_up = interleaved_to_halves(leaves["b_up"].detach(), -1) if bias else None
+    b_down = leaves["b_down"].detach() if bias else None
     with torch.autograd.profiler.profile() as prof:
-        out = cute_moe.expert_ffn(x, pair, w_down, offs, activation="swiglu", gate_linear="halves")
+        out = cute_moe.expert_ffn(x, pair, w_down, offs, b_up, b_down, activation="swiglu",
+                                  gate_linear="halves")
         torch.autograd.grad(out.float().sum(), [x, buf, w_down])
     cats = [e.name for e in prof.function_events if e.name == "aten::cat"]
     assert bool(cats) == copies, cats

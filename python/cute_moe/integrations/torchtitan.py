@@ -29,8 +29,8 @@
 #     k-tiles from either, each weight gradient comes from its half of dpre), so bf16
 #     parameters (FSDP2's param_dtype) cost no copy and fp32 ones (one GPU, no FSDP) only
 #     torchtitan's own per-call cast, made into one buffer so that w3's copy lies above w1's
-#     (_CastPair). Where FSDP2's w3 lies below its w1 the forward joins the two for its one
-#     GEMM (a copy; the backward still reads them apart); docs/halves-layout.md.
+#     (_CastPair). Where FSDP2's w3 lies below its w1 the forward's B load starts at w3 and
+#     its epilogue swaps each (linear, gate) pair back: no copy either; docs/halves-layout.md.
 #   GptOssGroupedExperts: mlp1_weight (E, 2I, D) with interleaved (gate, linear) rows and
 #     mlp1_bias, mlp2_weight (E, D, I), mlp2_bias; torchtitan's clamped SwiGLU (alpha
 #     1.702, swiglu_limit) is "swiglu_oai", the kernels' native layout: read in place.

@@ -8,7 +8,9 @@
 //                  pre to bf16, computes h = act(pre) from the rounded values (gated: one h
 //                  per (gate, linear) pair, width n/2; else one per column, width n), and
 //                  writes both, pre as D, through smem and TMA stores of its own
-//                  (fixed_tma_store.cuh; the collective has no D).
+//                  (fixed_tma_store.cuh; the collective has no D). With swap_pairs the
+//                  mainloop loaded each pair as (linear, gate) (the halves as two tensors,
+//                  the linear one lower in memory): it swaps them back first.
 //
 // The TMA-stored outputs are whole matrices whose descriptors clip each tile at its
 // group's rows and the matrix's columns: nothing outside the group's problem is written.
@@ -33,6 +35,7 @@ struct ForwardArguments {
   OutputMatrix pre;                // D: (rows, n)
   OutputMatrix h;                  // (rows, n / 2) gated, else (rows, n)
   const int32_t* offs = nullptr;   // device: cumulative end rows per group
+  bool swap_pairs = false;         // gated: each column pair arrives as (linear, gate)
 };
 
 }  // namespace act_epilogue
@@ -52,10 +55,11 @@ struct Sm90ActForwardAux : NodeWithoutLoads {
     ActParams act;
     typename PreStore::Params pre;
     typename HStore::Params h;
+    bool swap_pairs;
   };
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    return {a.act, PreStore::to_params(a.pre, a.offs), HStore::to_params(a.h, a.offs)};
+    return {a.act, PreStore::to_params(a.pre, a.offs), HStore::to_params(a.h, a.offs), a.swap_pairs};
   }
 
   // Params in place, not a copy: the TMA descriptors must stay in kernel parameter space.
@@ -67,19 +71,31 @@ struct Sm90ActForwardAux : NodeWithoutLoads {
 
   template <class PreTile, class HTile>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, PreTile pre_store, HTile h_store)
-        : act(act), pre_store(pre_store), h_store(h_store) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ActParams act, PreTile pre_store, HTile h_store, bool swap_pairs)
+        : act(act), pre_store(pre_store), h_store(h_store), swap_pairs(swap_pairs) {}
     ActParams act;
     PreTile pre_store;
     HTile h_store;
+    bool swap_pairs;
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
                               cutlass::Array<ElementInput, FragmentSize> const& frg_pre) {
       static_assert(FragmentSize % 2 == 0, "fragments must hold whole column pairs");
       cutlass::Array<ElementAux, FragmentSize> pre;  // D, rounded once; h is computed from it
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) pre[i] = ElementAux(frg_pre[i]);
+      if constexpr (Activation::kGated) {
+        // each pair as loaded, or swapped back (swap_pairs is uniform over the kernel); two
+        // selects per pair from the fp32 inputs
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; i += 2) {
+          const float first = frg_pre[i], second = frg_pre[i + 1];
+          pre[i] = ElementAux(swap_pairs ? second : first);
+          pre[i + 1] = ElementAux(swap_pairs ? first : second);
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) pre[i] = ElementAux(frg_pre[i]);
+      }
       pre_store.template set<FragmentSize>(epi_v, pre);
       if constexpr (Activation::kGated) {
         cutlass::Array<ElementAux, FragmentSize / 2> h;
@@ -114,7 +130,8 @@ struct Sm90ActForwardAux : NodeWithoutLoads {
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     auto pre_store = PreStore::template tile<ReferenceSrc>(&params->pre, storage->pre, args);
     auto h_store = HStore::template tile<ReferenceSrc>(&params->h, storage->h, args);
-    return ConsumerStoreCallbacks<decltype(pre_store), decltype(h_store)>(params->act, pre_store, h_store);
+    return ConsumerStoreCallbacks<decltype(pre_store), decltype(h_store)>(params->act, pre_store, h_store,
+                                                                          params->swap_pairs);
   }
 };
 

@@ -21,7 +21,7 @@ struct ActForwardEpilogue {
       Sm90ActForwardAux<Activation, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>, ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.d, ctx.aux, ctx.whole.offs}};
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.act, ctx.d, ctx.aux, ctx.whole.offs, ctx.swap_pairs}};
   }
 };
 
