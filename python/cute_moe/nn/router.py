@@ -32,7 +32,8 @@ class TopKRouter(nn.Module):
     GPU runs on tensor cores, same products, see gate_logits.py), scores = softmax or sigmoid of
     the logits; the experts are the top-k of scores (+ expert_bias when load balancing;
     the bias chooses, it never weights); the weights are the chosen scores, divided by
-    their sum when `renormalize`, times `route_scale`.
+    their sum when `renormalize`, times `route_scale`. On a GPU the top-k of float32 scores
+    is cute_moe::top_k (nn/top_k.py): torch.topk's result, equal values lower expert first.
 
     The defaults (softmax, renormalize, gate bias) are GPT-OSS's router: with
     compute_dtype=None they reproduce HF transformers' GptOssTopKRouter bit for bit
