@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "cute_moe/fp8_quantize.h"
+#include "launch_result.h"
 #include "fp8_block_math.cuh"
 
 namespace cute_moe {
@@ -334,12 +335,6 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_group_columns_kernel
   store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock, kBlock);
 }
 
-Result launched(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Result::success();
-  return Result::error(Status::kCudaError, std::string(op) + ": kernel launch failed: " + cudaGetErrorString(err));
-}
-
 }  // namespace
 
 Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
@@ -352,7 +347,7 @@ Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
   const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
   if (grid > 2147483647) return Result::error(Status::kInvalidArgument, "quantize_fp8_1x128: too many rows");
   quantize_rows_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, spans_per_row, blocks_per_row);
-  return launched("quantize_fp8_1x128");
+  return detail::launched("quantize_fp8_1x128 launch");
 }
 
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) {
@@ -364,7 +359,7 @@ Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) 
                                                        std::to_string(a.batches) + " k=" + std::to_string(a.k));
   }
   quantize_tiles_kernel<<<dim3(unsigned(nb), unsigned(kb), unsigned(a.batches)), kTileThreads, 0, stream>>>(a);
-  return launched("quantize_fp8_128x128");
+  return detail::launched("quantize_fp8_128x128 launch");
 }
 
 Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& a, cudaStream_t stream) {
@@ -376,7 +371,7 @@ Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& a, cudaStream_t str
                                                    "num_groups), got " + std::to_string(blocks));
   }
   quantize_group_columns_kernel<<<dim3(unsigned(nb), unsigned(blocks)), kTileThreads, 0, stream>>>(a);
-  return launched("quantize_fp8_128x1");
+  return detail::launched("quantize_fp8_128x1 launch");
 }
 
 }  // namespace cute_moe

@@ -15,12 +15,14 @@
 #include "bf16x8.cuh"
 #include "cute_moe/permute.h"
 #include "device_info.h"
+#include "launch_result.h"
 
 namespace cute_moe {
 
 namespace {
 
 using detail::cuda_error;
+using detail::launched;
 using detail::current_device;
 using detail::DeviceInfo;
 
@@ -235,11 +237,6 @@ Result grid_for(int64_t rows, int blocks_per_sm, unsigned* blocks) {
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   *blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{dev.sm_count} * blocks_per_sm)));
   return Result::success();
-}
-
-Result launched(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? Result::success() : cuda_error(op, err);
 }
 
 VecMatrix vec_matrix(const void* p, int64_t ld) { return {static_cast<const uint4*>(p), ld / 8}; }

@@ -2,20 +2,17 @@
 #include <cstdint>
 
 #include "cute_moe/routing.h"
+#include "launch_result.h"
 #include "expert_sort_slices.h"
 
 namespace cute_moe {
 
 namespace {
 
+using detail::launched;
+
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-
-Result launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Result::success();
-  return Result::error(Status::kCudaError, std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 // --- top-k -------------------------------------------------------------------------------
 

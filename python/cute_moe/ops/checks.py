@@ -8,7 +8,7 @@ import os
 
 import torch
 
-__all__ = ["fail", "check_tensor", "unit_columns", "check_same_device", "check_offs_length",
+__all__ = ["fail", "check_tensor", "check_contiguous", "unit_columns", "check_same_device", "check_offs_length",
            "check_scales", "CHECK_OFFS_ENV", "set_offs_check", "offs_check_enabled",
            "check_offs_values"]
 
@@ -25,6 +25,11 @@ def check_tensor(op: str, name: str, t, ndim: int, dtype: torch.dtype) -> None:
         fail(op, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
     if t.dtype != dtype:
         fail(op, name, f"dtype {dtype}", t.dtype)
+
+
+def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        fail(op, name, "a contiguous tensor", f"strides {t.stride()} for shape {tuple(t.shape)}")
 
 
 def unit_columns(t: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ import torch
 
 from .. import _library
 from ..reference.permute import gather_rows_dot_ref, gather_rows_ref, gather_sum_rows_ref
-from .checks import check_same_device, check_tensor, fail
+from .checks import check_contiguous, check_same_device, check_tensor, fail
 from .registry import register_kernels
 
 __all__ = ["OPS", "check_gather_rows_args", "check_gather_sum_rows_args",
@@ -29,11 +29,6 @@ def _is_tensor(op: str, name: str, t) -> None:
 def _index(op: str, name: str, t, ndim: int) -> None:
     _is_tensor(op, name, t)
     check_tensor(op, name, t, ndim, torch.int32)
-
-
-def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        fail(op, name, "a contiguous tensor", f"strides {t.stride()} for shape {tuple(t.shape)}")
 
 
 def vector_rows_ok(t: torch.Tensor) -> bool:
@@ -61,14 +56,14 @@ def _bf16_rows(op: str, name: str, t) -> None:
 def _choices(op: str, index, weight, ref_name: str, ref: torch.Tensor) -> None:
     """index (T, k) int32 contiguous; weight None or fp32 of index's shape, contiguous."""
     _index(op, "index", index, 2)
-    _contiguous(op, "index", index)
+    check_contiguous(op, "index", index)
     if weight is not None:
         _is_tensor(op, "weight", weight)
         check_tensor(op, "weight", weight, 2, torch.float32)
         if weight.shape != index.shape:
             fail(op, "weight", f"index's shape {tuple(index.shape)}",
                  f"shape {tuple(weight.shape)}")
-        _contiguous(op, "weight", weight)
+        check_contiguous(op, "weight", weight)
     check_same_device(op, ref_name, ref, index=index, weight=weight)
 
 
@@ -77,14 +72,14 @@ def check_gather_rows_args(src, index, scale=None, op: str = "gather_rows") -> N
     ones contiguous; one device."""
     _bf16_rows(op, "src", src)
     _index(op, "index", index, 1)
-    _contiguous(op, "index", index)
+    check_contiguous(op, "index", index)
     if scale is not None:
         _is_tensor(op, "scale", scale)
         check_tensor(op, "scale", scale, 1, torch.float32)
         if scale.shape[0] != index.shape[0]:
             fail(op, "scale", f"length {index.shape[0]} (one entry per index)",
                  f"length {scale.shape[0]}")
-        _contiguous(op, "scale", scale)
+        check_contiguous(op, "scale", scale)
     check_same_device(op, "src", src, index=index, scale=scale)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from .. import _library
 from ..reference.routing import sort_by_expert_ref, top_k_ref
-from .checks import check_same_device, check_tensor, fail
+from .checks import check_contiguous, check_same_device, check_tensor, fail
 from .registry import register_kernels
 
 __all__ = ["OPS", "TOP_K_MAX_COLUMNS", "TOP_K_MAX_CHOICES", "SORT_MAX_EXPERTS",
@@ -21,11 +21,6 @@ TOP_K_MAX_CHOICES = 32    # cute_moe::kTopKMaxChoices
 SORT_MAX_EXPERTS = 1024   # cute_moe::kSortMaxExperts
 
 
-def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        fail(op, name, "a contiguous tensor", f"strides {t.stride()} for shape {tuple(t.shape)}")
-
-
 def _int(op: str, name: str, v) -> None:
     if isinstance(v, bool) or not isinstance(v, int):
         fail(op, name, "an int", repr(v))
@@ -34,7 +29,7 @@ def _int(op: str, name: str, v) -> None:
 def check_top_k_args(logits, k, op: str = "top_k") -> None:
     """logits (T, E) float32 contiguous, 1 <= E <= 512; 1 <= k <= min(E, 32)."""
     check_tensor(op, "logits", logits, 2, torch.float32)
-    _contiguous(op, "logits", logits)
+    check_contiguous(op, "logits", logits)
     e = logits.shape[1]
     if not 1 <= e <= TOP_K_MAX_COLUMNS:
         fail(op, "logits", f"1 to {TOP_K_MAX_COLUMNS} columns", f"shape {tuple(logits.shape)}")
@@ -52,7 +47,7 @@ def check_sort_by_expert_args(experts, num_experts, weights=None, op: str = "sor
         fail(op, "experts", "a (T, k) tensor", f"shape {tuple(experts.shape)}")
     if experts.dtype not in (torch.int64, torch.int32):
         fail(op, "experts", "dtype torch.int64 or torch.int32", experts.dtype)
-    _contiguous(op, "experts", experts)
+    check_contiguous(op, "experts", experts)
     _int(op, "num_experts", num_experts)
     if not 1 <= num_experts <= SORT_MAX_EXPERTS:
         fail(op, "num_experts", f"1 to {SORT_MAX_EXPERTS}", num_experts)
@@ -62,7 +57,7 @@ def check_sort_by_expert_args(experts, num_experts, weights=None, op: str = "sor
         check_tensor(op, "weights", weights, 2, torch.float32)
         if weights.shape != experts.shape:
             fail(op, "weights", f"experts' shape {tuple(experts.shape)}", f"shape {tuple(weights.shape)}")
-        _contiguous(op, "weights", weights)
+        check_contiguous(op, "weights", weights)
         check_same_device(op, "experts", experts, weights=weights)
 
 

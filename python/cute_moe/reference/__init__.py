@@ -2,8 +2,8 @@
 # By feature: groups.py (group offsets), gemm.py (grouped GEMMs), activation.py (the
 # activations, forward and backward), glu.py (GEMM plus activation), expert_ffn.py (one
 # expert block), moe.py (a torchtitan-style MoE layer), permute.py (dispatch and combine
-# gathers), fp8.py (the FP8 recipe's block quantizers and GEMMs, docs/fp8.md; imported as
-# cute_moe.reference.fp8). The references loop over groups and read offs and index values on
+# gathers), routing.py (the router's top-k and the sort by expert), fp8.py (the FP8 recipe's
+# block quantizers and GEMMs, docs/fp8.md; imported as cute_moe.reference.fp8). The references loop over groups and read offs and index values on
 # the host, which the kernels never do; that is acceptable here and only here.
 from ..activation_args import GATED_ACTIVATIONS, default_limit, up_width
 from ..activations import ACTIVATIONS
@@ -17,6 +17,7 @@ from .groups import group_bounds, offsets_from_counts, rows_to_groups
 from .moe import ReferenceMoE, experts_ref, route_ref
 from .permute import (gather_rows_dot_ref, gather_rows_ref, gather_sum_rows_ref, permute_ref,
                       routing_indices, unpermute_ref)
+from .routing import sort_by_expert_ref, top_k_ref
 
 GATED = GATED_ACTIVATIONS  # the same tuple under its shorter name
 
@@ -35,5 +36,5 @@ __all__ = [
     "experts_ref", "route_ref", "ReferenceMoE",
     # dispatch and combine
     "gather_rows_ref", "gather_sum_rows_ref", "gather_rows_dot_ref", "permute_ref",
-    "unpermute_ref", "routing_indices",
+    "unpermute_ref", "routing_indices", "top_k_ref", "sort_by_expert_ref",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .routing import sort_by_expert_ref
+
 __all__ = [
     "gather_rows_ref",
     "gather_sum_rows_ref",
@@ -90,15 +92,9 @@ def routing_indices(expert: torch.Tensor, num_experts: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(row_token, token_rows, offs) of top-k choices `expert` (T, k) integer expert ids:
     routed rows sorted by expert, stable (token order within an expert), offs the int32
-    cumulative end offsets of the E experts. On expert's device, without a host read."""
+    cumulative end offsets of the E experts. On expert's device, without a host read.
+    reference/routing.py's sort_by_expert_ref without router weights."""
     if expert.dim() != 2:
         raise ValueError(f"expert: expected a 2-D (T, k) tensor, got shape {tuple(expert.shape)}")
-    tokens, k = expert.shape
-    flat = expert.reshape(-1).long()
-    order = torch.sort(flat, stable=True).indices  # routed row r holds flat choice order[r]
-    row_token = (order // k).to(torch.int32)
-    token_rows = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    return row_token, token_rows.to(torch.int32).reshape(tokens, k), offs
+    s = sort_by_expert_ref(expert, num_experts)
+    return s.row_token, s.token_rows, s.offs
