@@ -12,7 +12,8 @@
 #       # bf16 against FP8 experts (cute_moe.fp8, docs/fp8.md) from the same weights
 #
 # The defaults: GPT-OSS-20B's MoE dimensions (hidden 2880, 32 experts of width 2880, top-4,
-# 64 query and 8 key/value heads of 64) in 2 layers, 8 x 1024 tokens a step, AdamW, 100
+# 64 query and 8 key/value heads of 64) in 2 layers, 8 x 1024 tokens a step, AdamW (fused, as
+# HF's Trainer), 100
 # steps each, bf16: about 1.7B parameters, some 30 GB of GPU memory. The only cute_moe
 # lines a training script needs are the import that registers "cute_moe" and the
 # experts_implementation argument.
@@ -67,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="experts implementations to run in turn from the same weights, comma "
                         "separated; the first is compared with the others (default: "
                         f"{IMPLEMENTATIONS}; cute_moe_fp8 runs the expert GEMMs in FP8)")
+    p.add_argument("--optimizer", choices=("fused", "foreach"), default="fused",
+                   help="torch's AdamW implementation on a GPU: fused (one kernel over all "
+                        "parameters; HF Trainer's default since torch 2.8) or foreach")
     p.add_argument("--fp8-weight-grads", action="store_true",
                    help="cute_moe_fp8 with its weight gradients in FP8 too (all six GEMMs; "
                         "cute_moe.fp8_ffn.FP8_WEIGHT_GRADS, off by default: slower today)")
@@ -155,8 +159,9 @@ def train(base: GptOssForCausalLM, implementation: str, batches, args) -> dict:
     model = copy.deepcopy(base)
     model.set_experts_implementation(implementation)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
+    fused = cuda and getattr(args, "optimizer", "foreach") == "fused"
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=fused or None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     losses, times = [], []
