@@ -28,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from common import fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
+from common import ZeroCost, fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
 import finetune_transformers_gpt_oss as example  # noqa: E402  (registers "cute_moe")
 
 IMPLEMENTATIONS = ("grouped_mm", "cute_moe")
@@ -55,22 +55,8 @@ def gpt_oss_model(args):
 ZERO_COST = "zero_cost"
 
 
-class _ZeroCost(torch.autograd.Function):
-    """Experts that cost nothing: zeros out; zero gradients for the input, the routing
-    weights and every parameter (a memset each: what any implementation at least writes)."""
-
-    @staticmethod
-    def forward(ctx, hidden_states, top_k_weights, *params):
-        ctx.save_for_backward(hidden_states, top_k_weights, *params)
-        return torch.zeros_like(hidden_states)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return tuple(torch.zeros_like(t) for t in ctx.saved_tensors)
-
-
 def zero_cost_experts(self, hidden_states, top_k_index, top_k_weights):
-    return _ZeroCost.apply(hidden_states, top_k_weights, *self.parameters(recurse=False))
+    return ZeroCost.apply(hidden_states, top_k_weights, *self.parameters(recurse=False))
 
 
 def register_zero_cost():

@@ -37,31 +37,17 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from common import fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
+from common import ZeroCost, fmt, import_cute_moe, print_columns, run_meta, write_json  # noqa: E402
 import torchtitan_models as tm  # noqa: E402  (registers the "cute_moe" converter)
 
 IMPLS = ("torchtitan", "cute_moe")
 ZERO_COST = "zero_cost"  # --bound: experts that cost nothing, the floor under any implementation
 
 
-class _ZeroCost(torch.autograd.Function):
-    """Experts that cost nothing: zeros out; zero gradients for the rows and every local
-    weight (a memset each: what any implementation at least writes)."""
-
-    @staticmethod
-    def forward(ctx, x, *weights):
-        ctx.save_for_backward(x, *weights)
-        return torch.zeros_like(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return tuple(torch.zeros_like(t) for t in ctx.saved_tensors)
-
-
 class _ZeroCostForward:
     def forward(self, x, num_tokens_per_expert):
         from cute_moe.integrations.torchtitan import _local
-        return _ZeroCost.apply(x, *(_local(p) for p in self.parameters(recurse=False)))
+        return ZeroCost.apply(x, *(_local(p) for p in self.parameters(recurse=False)))
 
 
 def build(name, model_args, impl, job, dims, state_dict):

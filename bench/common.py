@@ -46,3 +46,18 @@ def run_meta(**extra) -> dict:
                 cute_moe=cute_moe.__version__, cuda=torch.version.cuda,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 git_commit=git_commit(), command=" ".join([sys.executable] + sys.argv), **extra)
+
+
+class ZeroCost(torch.autograd.Function):
+    """Experts that cost nothing, for a benchmark's bound: apply(x, *tensors) -> zeros like
+    x; zero gradients for x and every tensor (a memset each: what any implementation at
+    least writes). A step with these is the floor under every experts implementation."""
+
+    @staticmethod
+    def forward(ctx, x, *tensors):
+        ctx.save_for_backward(x, *tensors)
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(torch.zeros_like(t) for t in ctx.saved_tensors)
