@@ -4,7 +4,8 @@ translation units, the dispatch table, the enum <-> name tables of the core and 
 layer, and the Python activation table (python/cute_moe/activations.py).
 
 To add an activation: a functor in src/core/activations.h and a row in ACTIVATIONS.
-To add a tile: a row in TILES (the heuristic, src/core/heuristics.cpp, picks rows by role).
+To add a tile: a row in TILES (the heuristic, src/core/heuristics.cpp, picks rows by role);
+an experiment's tile, for forced A/B runs: probe=True (built with -DCUTE_MOE_PROBES=ON only).
 To compile a gated activation's clamps out for calls without a limit: LIMIT_FREE (and its tiles;
 a tile with twins_only has no other kernels).
 To add an arch: an Arch, its kernel headers in HEADERS and its TILES.
@@ -55,6 +56,10 @@ class Tile(NamedTuple):
     # compiled only as the LIMIT_FREE twins of its role's activations (the role must be in
     # LIMIT_FREE_TILES): a tile the heuristic picks only for calls without a limit
     twins_only: bool = False
+    # an experiment's tile: compiled only in a build configured with -DCUTE_MOE_PROBES=ON
+    # (never in CI's), run only when forced (CUTE_MOE_CONFIG): a ragged-M role's first tile
+    # on another cluster, after it (generate.py checks), so the heuristic never picks it
+    probe: bool = False
 
 
 ARCHES = (
@@ -173,9 +178,14 @@ _MID_PONG_TWINS = Tile(128, 192, 64, 2, 1, "Pingpong", twins_only=True)
 # up, else alone (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
 _MID_PONG_1X2 = Tile(128, 192, 64, 1, 2, "Pingpong")
 _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
+# Probes (-DCUTE_MOE_PROBES=ON builds, forced A/B runs): 2x2 clusters multicast A along N
+# as well as B along M, so a CTA loads ~30% (bf16 128x192) or ~33% (FP8 128x128) fewer
+# operand bytes from L2 per k-block than on 2x1 (docs/perf-notes.md, session 25).
+_MID_PONG_2X2 = Tile(128, 192, 64, 2, 2, "Pingpong", probe=True)
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
+_FP8_WIDE_2X2 = Tile(128, 128, 128, 2, 2, "Cooperative", probe=True)  # as _MID_PONG_2X2
 
 # Per (arch, variant), the compiled tiles by role (a tile, or a tuple of tiles the heuristic
 # picks between within the role), in dispatch-table order (the cost model keeps the earlier
@@ -183,17 +193,18 @@ _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient'
 # than 128x256 / 128x128 for the fused activation kernels at GPT-OSS-20B and Qwen3-30B-A3B
 # (docs/perf-notes.md, "128x192 tiles"); the plain ragged-M GEMMs have them for the sweep tools.
 TILES = {
-    ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
+    ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL,
+                               "mid": (_MID_PONG, _MID_PONG_2X2)},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_1X2, _MID_PONG_1X1)},
     ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
-    ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
+    ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_2X2)},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
-    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8RaggedM"): {"wide": (_FP8_WIDE, _FP8_WIDE_2X2)},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},

@@ -101,5 +101,30 @@ def test_generated_units_name_their_arch_and_compile_one_row_each(generate, tmp_
 @pytest.mark.skipif(not cute_moe.library_loaded(), reason="cute_moe op library not loaded")
 def test_the_library_holds_exactly_the_declared_kernels(generate):
     gen, _ = generate
-    want = [f"{v.call}:{a.name if a else ''}:{gen.tile_name(t)}" for _, v, _, t, a in gen.kernels()]
-    assert list(torch.ops.cute_moe.kernel_table()) == want
+    table = list(torch.ops.cute_moe.kernel_table())
+    rows = {p: [f"{v.call}:{a.name if a else ''}:{gen.tile_name(t)}" for _, v, _, t, a in gen.kernels(p)]
+            for p in (False, True)}  # a default build, or one with -DCUTE_MOE_PROBES=ON
+    assert table == rows[False] or table == rows[True]
+
+
+def test_probe_tiles_only_with_probes_and_never_the_heuristics_pick(generate, monkeypatch):
+    gen, ks = generate
+    wide = ks.Tile(128, 256, 64, 2, 1, "Cooperative")
+    probe = ks.Tile(128, 256, 64, 2, 2, "Cooperative", probe=True)
+    monkeypatch.setitem(ks.TILES, ("sm90", "RaggedM_BCol"), {"wide": (wide, probe)})
+    gen.check_declaration()
+    stems = {p: [gen.kernel_file_stem(*k) for k in gen.kernels(p) if k[1].enum == "RaggedM_BCol"]
+             for p in (False, True)}
+    assert stems[False] == ["sm90_ragged_m_bcol_128x256x64_2x1_coop"]
+    assert stems[True] == stems[False] + ["sm90_ragged_m_bcol_128x256x64_2x2_coop"]
+    monkeypatch.setitem(ks.TILES, ("sm90", "RaggedM_BCol"), {"wide": (probe, wide)})
+    with pytest.raises(gen.DeclarationError, match="RaggedM_BCol/wide: a probe tile first in its role"):
+        gen.check_declaration()
+    other_tile = ks.Tile(128, 128, 64, 2, 2, "Cooperative", probe=True)
+    monkeypatch.setitem(ks.TILES, ("sm90", "RaggedM_BCol"), {"wide": (wide, other_tile)})
+    with pytest.raises(gen.DeclarationError, match="RaggedM_BCol/wide: a probe tile must be a ragged-M"):
+        gen.check_declaration()
+    monkeypatch.setitem(ks.TILES, ("sm90", "RaggedM_BCol"), {"wide": wide})
+    monkeypatch.setitem(ks.TILES, ("sm90", "RaggedK_OutF32"), {"wide": (wide, probe)})
+    with pytest.raises(gen.DeclarationError, match="RaggedK_OutF32/wide: a probe tile must be a ragged-M"):
+        gen.check_declaration()
