@@ -190,9 +190,9 @@ def profile_steps(step, data, trace=None):
     if trace:
         prof.export_chrome_trace(trace)
     per = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
-            per[e.key] = per.get(e.key, 0.0) + e.self_device_time_total / 1e3 / len(data)
+    for e in prof.events():  # the kernels and copies; not the annotations' GPU ranges
+        if e.device_type.name == "CUDA" and not e.is_user_annotation:
+            per[e.name] = per.get(e.name, 0.0) + e.device_time_total / 1e3 / len(data)
     top = sorted(per.items(), key=lambda kv: -kv[1])
     return dict(wall_ms=wall, gpu_ms=sum(per.values()), top=[(k[:90], v) for k, v in top[:14]])
 

@@ -80,9 +80,10 @@ def check_declaration() -> None:
             first = ts[0] if isinstance(ts[0], tuple) else ts
             need(not first.probe, f"{arch}/{variant}/{role}: a probe tile first in its role (the "
                  "heuristic's pick there; a probe runs only when forced)")
+            shape = lambda t: (t.tile_m, t.tile_n, t.tile_k, t.schedule)  # noqa: E731
             for t in (ts if isinstance(ts[0], tuple) else ()):
                 if t.probe:
-                    need(ragged == "m" and t[:3] + t[5:6] == first[:3] + first[5:6],
+                    need(ragged == "m" and shape(t) == shape(first),
                          f"{arch}/{variant}/{role}: a probe tile must be a ragged-M role's first "
                          "tile on another cluster (so that the heuristic never picks it)")
         family = next(v.family for v in ks.VARIANTS if v.enum == variant)

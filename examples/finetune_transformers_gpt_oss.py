@@ -13,10 +13,9 @@
 #
 # The defaults: GPT-OSS-20B's MoE dimensions (hidden 2880, 32 experts of width 2880, top-4,
 # 64 query and 8 key/value heads of 64) in 2 layers, 8 x 1024 tokens a step, AdamW (fused, as
-# HF's Trainer), 100
-# steps each, bf16: about 1.7B parameters, some 30 GB of GPU memory. The only cute_moe
-# lines a training script needs are the import that registers "cute_moe" and the
-# experts_implementation argument.
+# HF's Trainer runs it), 100 steps each, bf16: about 1.7B parameters, some 30 GB of GPU
+# memory. The only cute_moe lines a training script needs are the import that registers
+# "cute_moe" and the experts_implementation argument.
 from __future__ import annotations
 
 import argparse
