@@ -182,6 +182,7 @@ _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # as well as B along M, so a CTA loads ~30% (bf16 128x192) or ~33% (FP8 128x128) fewer
 # operand bytes from L2 per k-block than on 2x1 (docs/perf-notes.md, session 25).
 _MID_PONG_2X2 = Tile(128, 192, 64, 2, 2, "Pingpong", probe=True)
+_MID_COOP_2X2 = Tile(128, 192, 64, 2, 2, "Cooperative", probe=True)
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
@@ -202,7 +203,7 @@ TILES = {
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
-    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
+    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS, _MID_COOP_2X2)},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "Fp8RaggedM"): {"wide": (_FP8_WIDE, _FP8_WIDE_2X2)},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
