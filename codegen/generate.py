@@ -76,12 +76,12 @@ def check_declaration() -> None:
         # and its cost model keeps the earlier of two rows of equal cost, so a probe that is
         # not first and differs from the first only in its cluster is never its pick.
         ragged = next(v.ragged for v in ks.VARIANTS if v.enum == variant)
+        shape = lambda t: (t.tile_m, t.tile_n, t.tile_k, t.schedule)  # noqa: E731
         for role, ts in tiles.items():
-            first = ts[0] if isinstance(ts[0], tuple) else ts
+            first, *others = [t for _, t in ks.role_tiles({role: ts})]
             need(not first.probe, f"{arch}/{variant}/{role}: a probe tile first in its role (the "
                  "heuristic's pick there; a probe runs only when forced)")
-            shape = lambda t: (t.tile_m, t.tile_n, t.tile_k, t.schedule)  # noqa: E731
-            for t in (ts if isinstance(ts[0], tuple) else ()):
+            for t in others:
                 if t.probe:
                     need(ragged == "m" and shape(t) == shape(first),
                          f"{arch}/{variant}/{role}: a probe tile must be a ragged-M role's first "
