@@ -178,15 +178,13 @@ _MID_PONG_TWINS = Tile(128, 192, 64, 2, 1, "Pingpong", twins_only=True)
 # up, else alone (src/core/heuristics.cpp; docs/perf-notes.md, session 22).
 _MID_PONG_1X2 = Tile(128, 192, 64, 1, 2, "Pingpong")
 _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
-# Probes (-DCUTE_MOE_PROBES=ON builds, forced A/B runs): 2x2 clusters multicast A along N
-# as well as B along M, so a CTA loads ~30% (bf16 128x192) or ~33% (FP8 128x128) fewer
-# operand bytes from L2 per k-block than on 2x1 (docs/perf-notes.md, session 25).
-_MID_PONG_2X2 = Tile(128, 192, 64, 2, 2, "Pingpong", probe=True)
-_MID_COOP_2X2 = Tile(128, 192, 64, 2, 2, "Cooperative", probe=True)
+# Probes (Tile.probe: -DCUTE_MOE_PROBES=ON builds, forced A/B runs) go here, each a ragged-M
+# role's tile after the one it is measured against. None now: the last, 2x2 clusters under
+# the 128x192 and FP8 128x128 tiles, ran 12-23% slower than their 2x1 tiles on an H100
+# (docs/perf-notes.md, session 26).
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
-_FP8_WIDE_2X2 = Tile(128, 128, 128, 2, 2, "Cooperative", probe=True)  # as _MID_PONG_2X2
 
 # Per (arch, variant), the compiled tiles by role (a tile, or a tuple of tiles the heuristic
 # picks between within the role), in dispatch-table order (the cost model keeps the earlier
@@ -195,17 +193,17 @@ _FP8_WIDE_2X2 = Tile(128, 128, 128, 2, 2, "Cooperative", probe=True)  # as _MID_
 # (docs/perf-notes.md, "128x192 tiles"); the plain ragged-M GEMMs have them for the sweep tools.
 TILES = {
     ("sm90", "RaggedM_BRow"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL,
-                               "mid": (_MID_PONG, _MID_PONG_2X2)},
+                               "mid": _MID_PONG},
     ("sm90", "RaggedM_BCol"): {"wide": _WIDE, "narrow": _NARROW, "small": _SMALL, "mid": _MID_PONG},
     ("sm90", "RaggedK_OutBF16"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_1X2, _MID_PONG_1X1)},
     ("sm90", "RaggedK_OutF32"): {"wide": _WIDE, "narrow": _NARROW},
-    ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": (_MID_PONG, _MID_PONG_2X2)},
+    ("sm90", "ActFwd_BRow"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwd_BCol"): {"wide": _WIDE, "narrow": _NARROW, "mid": _MID_PONG},
     ("sm90", "ActFwdGather_BRow"): {"wide": _WIDE, "narrow": _NARROW},
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
-    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS, _MID_COOP_2X2)},
+    ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
-    ("sm90", "Fp8RaggedM"): {"wide": (_FP8_WIDE, _FP8_WIDE_2X2)},
+    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},
