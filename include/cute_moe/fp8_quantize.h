@@ -12,6 +12,8 @@
 //                          along the routed rows): one scale per column and 128 rows of one
 //                          group, transposed and padded per group (the k-major operand the
 //                          FP8 tensor cores read)
+//   act_quantize_fp8_1x128 the up projection's activation and h's 1x128 quantization in one
+//                          pass over pre (the down projection's FP8 operand)
 // The amax and the scales are computed on the device (no host sync; CUDA-graph safe).
 // Requirements: bf16 input with unit column stride, row stride and column count multiples
 // of 16 elements and 16-byte aligned base pointers (the fp8 outputs are 16-byte rows of the
@@ -23,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cute_moe/fused_activation.h"  // ActivationOptions
 #include "cute_moe/status.h"
 
 namespace cute_moe {
@@ -36,6 +39,16 @@ struct QuantizeFp8RowsArgs {
   void* q = nullptr;            // e4m3 (rows, cols), row stride ld_q (a multiple of 16)
   int64_t ld_q = 0;
   float* scale = nullptr;       // (rows, ceil(cols / 128)), contiguous
+};
+
+// pre (rows, w) bf16 -> h = act(pre) computed in fp32 from pre and rounded to bf16 (the h the
+// fused up projection writes, act_forward / fp8_act_forward), quantized as quantize_fp8_1x128
+// quantizes it: q (rows, cols) e4m3 and scale (rows, ceil(cols / 128)) fp32. A gated activation
+// reads pre's columns as interleaved (gate, linear) pairs, w = 2 * cols; any other w = cols.
+// rows.src is pre, rows.ld_src its row stride (>= w); rows.cols is h's width.
+struct ActQuantizeFp8RowsArgs {
+  QuantizeFp8RowsArgs rows;
+  ActivationOptions act;
 };
 
 // batches of (k, n) bf16 -> q (batches, k, n) and/or q_t (batches, n, k) e4m3, both
@@ -93,9 +106,11 @@ inline int64_t fp8_group_row_blocks(int64_t rows, int32_t num_groups) { return (
 Result validate(const QuantizeFp8RowsArgs& args);
 Result validate(const QuantizeFp8TilesArgs& args);
 Result validate(const QuantizeFp8GroupColumnsArgs& args);
+Result validate(const ActQuantizeFp8RowsArgs& args);
 
 Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& args, cudaStream_t stream);
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& args, cudaStream_t stream);
 Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& args, cudaStream_t stream);
+Result act_quantize_fp8_1x128(const ActQuantizeFp8RowsArgs& args, cudaStream_t stream);
 
 }  // namespace cute_moe

@@ -1,6 +1,6 @@
 """The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
-cute_moe.reference.fp8), the ragged-M grouped GEMM on their outputs and its fused activation
+cute_moe.reference.fp8; and the activation's h from pre, quantized), the ragged-M grouped GEMM on their outputs and its fused activation
 forward and backward, the weight-gradient GEMM; and expert_ffn, the expert block in FP8, built
 from them (fp8_ffn.py). On the CPU or without the op library, the references run instead."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from . import _library
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
-from .ops.fp8 import (check_dpre_fp8, check_grouped_mm_fp8_act_args,
+from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
                       check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
                       check_quantize_128x1_args,
@@ -20,6 +20,7 @@ from .ops.fp8 import (check_dpre_fp8, check_grouped_mm_fp8_act_args,
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
+           "act_quantize_1x128",
            "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
 
 
@@ -34,6 +35,20 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _op(x):
         return torch.ops.cute_moe.quantize_fp8_1x128(x)
     return _ref.quantize_1x128(x)
+
+
+def act_quantize_1x128(pre: torch.Tensor, activation: str = DEFAULT_ACTIVATION,
+                       alpha: float = DEFAULT_ALPHA, limit: float | None = None):
+    """The up projection's activation and h's 1x128 quantization in one pass over pre:
+    (rows, w) bf16 -> quantize_1x128(h) with h = act(pre) computed in fp32 from pre and
+    rounded to bf16 (the h grouped_mm_act writes beside pre, so the same bits): e4m3
+    (rows, cols) and fp32 scales (rows, ceil(cols / 128)). A gated activation reads pre's
+    columns as interleaved (gate, linear) pairs, cols = w / 2 (w a multiple of 32); else
+    cols = w. limit taken literally (None: no clamp)."""
+    check_act_quantize_1x128_args(pre, activation, alpha, limit)
+    if _op(pre):
+        return torch.ops.cute_moe.act_quantize_fp8_1x128(pre, activation, alpha, limit)
+    return _ref.act_quantize_1x128(pre, activation, alpha, limit)
 
 
 def quantize_128x128(w: torch.Tensor, as_is: bool = True, transposed: bool = False):

@@ -1,6 +1,6 @@
-"""cute_moe.fp8.expert_ffn: the expert block with its six GEMMs in FP8, the activation and its
-backward fused into the up projection and the down projection's input gradient (issue 14's
-training path so far; docs/fp8.md)."""
+"""cute_moe.fp8.expert_ffn: the expert block with its six GEMMs in FP8, the activation with h's
+quantization in one pass after the up projection, its backward fused into the down projection's
+input gradient (issue 14's training path so far; docs/fp8.md)."""
 # Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so that
 # autograd frees pre between their backwards. Each weight is cast twice per step: the transposed
 # copy for the forward GEMM in the forward, the as-is copy for the input gradient in the backward
@@ -12,9 +12,10 @@ training path so far; docs/fp8.md)."""
 # blocks of each expert's rows, 128x1 for the activation operand (x, p h) and 128x128 for the
 # gradient (dy, dpre) (x, dy and dpre feed both kinds of GEMM: one pass writes both copies, dpre's
 # 128x128 alone where the fused backward wrote its 1x128; the up projection keeps x's 128x1 copy
-# for its weight gradient instead of the bf16 x, half the bytes). The up projection writes pre and
-# h (bf16) from one FP8 kernel; the down projection's input gradient writes dpre (and, asked, its
-# 1x128 e4m3 copy), prob * h and dprob from another (the bf16 kernels' epilogues on the FP8
+# for its weight gradient instead of the bf16 x, half the bytes). The up projection writes pre from
+# the plain FP8 GEMM, and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never
+# stored in bf16); the down projection's input gradient writes dpre (and, asked, its
+# 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel (the bf16 kernel's epilogue on the FP8
 # mainloop, and a quantizing node); the bias gradients are fp32 column sums of the bf16 dpre and
 # dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import Act, _column_sum, _output_grads, _param_grads
-from .fp8 import (grouped_mm_act_bwd_unchecked, grouped_mm_act_unchecked, grouped_mm_unchecked,
+from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
                   grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1,
                   quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
@@ -71,12 +72,6 @@ def _as_is(w: torch.Tensor):
     return _operand(q, scale)
 
 
-def _fp8_mm(a: torch.Tensor, operand, offs, bias=None, row_scale=None) -> torch.Tensor:
-    """a (bf16) quantized 1x128, times an FP8 weight operand: bf16 out."""
-    aq, a_scale = quantize_1x128(a)
-    return grouped_mm_unchecked(aq, a_scale, *operand, offs, bias, row_scale)
-
-
 def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
     """a's 1x128 copy (q, scale), and with `both` its weight-gradient copy from the same pass
     (q_t, scale_t: by 128 x 1 blocks of each expert's rows, or 128 x 128 with tile_scales, the
@@ -108,11 +103,14 @@ class _DpreCopy:
 
 
 class _Fp8UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up, act) -> (h, pre) = (act(pre), x W_up + b_up), one FP8 kernel ("none":
-    a plain FP8 GEMM, h an empty placeholder: the caller uses pre). h only feeds _Fp8DownProj,
-    which hands pre its gradient: h is non-differentiable. Keeps x's 128x1 copy for the weight
-    gradient (the bf16 x on the bf16 weight-gradient path) and the inputs; casts W_up's as-is
-    copy again in the backward."""
+    """(x, W_up, offs, b_up, act) -> (h_q, h_scale, pre): pre = x W_up + b_up from the plain FP8
+    GEMM, and h = act(pre)'s 1x128 copy (the down projection's operand) from one pass over pre
+    (act_quantize_1x128: the bits of quantize_1x128 of the fused up projection's h, which cost
+    more in its cooperative kernel's epilogue than the pass; docs/perf-notes.md, session 26).
+    h is never stored in bf16. h_q and h_scale only feed _Fp8DownProj, which hands pre its
+    gradient: they are non-differentiable. Keeps x's 128x1 copy for the weight gradient (the
+    bf16 x on the bf16 weight-gradient path) and the inputs; casts W_up's as-is copy again in
+    the backward."""
 
     @staticmethod
     def forward(ctx, x, w_up, offs, b_up, act, link):
@@ -120,24 +118,23 @@ class _Fp8UpProj(torch.autograd.Function):
         need_w = ctx.needs_input_grad[1]
         fp8_w = need_w and FP8_WEIGHT_GRADS
         xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
-        if act.name == "none":
-            pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
-            h = pre.new_empty(0)
-        else:
-            h, pre = grouped_mm_act_unchecked(xq, x_scale, *up, offs, b_up, act.name, act.alpha,
-                                              act.limit)
+        pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
         del xq, x_scale
-        ctx.mark_non_differentiable(h)
+        if act.name == "none":
+            h_q, h_scale = quantize_1x128(pre)
+        else:
+            h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)
+        ctx.mark_non_differentiable(h_q, h_scale)
         ctx.set_materialize_grads(False)
         ctx.bias_dtype = b_up.dtype if b_up is not None else None
         ctx.link = link
         if link is not None:
             link.wanted = ctx.needs_input_grad[0]
         ctx.save_for_backward(x if need_w and not fp8_w else None, xq_t, x_scale_t, w_up, offs)
-        return h, pre
+        return h_q, h_scale, pre
 
     @staticmethod
-    def backward(ctx, _grad_h, dpre):
+    def backward(ctx, _grad_h_q, _grad_h_scale, dpre):
         x, xq_t, x_scale_t, w_up, offs = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
         if dpre is None:
@@ -167,16 +164,16 @@ class _Fp8UpProj(torch.autograd.Function):
 
 
 class _Fp8DownProj(torch.autograd.Function):
-    """(h, W_down, offs, b_down, pre, prob, act) -> y = prob * (h W_down + b_down), FP8. Keeps pre,
-    not h: the backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy)
+    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act) -> y = prob * (h W_down + b_down), FP8
+    (h by its 1x128 copy). Keeps pre, not h: the backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy)
     W_down^T, dpre = act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>) and
     returns dpre as pre's gradient, none for h. Autograd frees pre after this backward, before
     _Fp8UpProj's allocates dW_up (as the bf16 block does)."""
 
     @staticmethod
-    def forward(ctx, h, w_down, offs, b_down, pre, prob, act, link):
-        y = _fp8_mm(h, _transposed(w_down), offs, b_down, prob)
-        _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
+    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link):
+        y = grouped_mm_unchecked(h_q, h_scale, *_transposed(w_down), offs, b_down, prob)
+        _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         ctx.act = act
         ctx.link = link
         ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
@@ -188,7 +185,7 @@ class _Fp8DownProj(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         pre, w_down, offs, b_down, prob = ctx.saved_tensors
-        _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:6]
+        _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         act = ctx.act
         # The bias side from one pass over dy (as the bf16 DownProj): db where prob scales the
         # rows (else the weight-gradient op sums dy), and the bias term of prob's gradient
@@ -222,7 +219,7 @@ class _Fp8DownProj(torch.autograd.Function):
         else:
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
-        return (None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
+        return (None, None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
                 None, None)
 
 
@@ -262,9 +259,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     raise NotImplementedError: cute_moe.expert_ffn (bf16) serves them.
 
     What is FP8: the four ragged-M GEMMs (fp32 accumulation, bf16 out), each reading a
-    1x128-quantized bf16 activation or gradient and a 128x128-quantized weight, in three
-    kernels and a plain GEMM: the up projection (x, W_up) writing pre and h = act(pre) from one
-    kernel; the down projection (h, W_down; bias and prob in its epilogue); the down
+    1x128-quantized bf16 activation or gradient and a 128x128-quantized weight, in two fused
+    kernels and two plain GEMMs: the up projection (x, W_up; bias in its epilogue) writing pre,
+    then one pass over pre giving h = act(pre)'s 1x128 copy (h itself is never stored); the
+    down projection (h, W_down; bias and prob in its epilogue); the down
     projection's input gradient (dy, W_down^T) with the activation's backward in its epilogue:
     dpre = act'(pre) * prob * (Q(dy) W_down^T), prob * h for the weight gradient, and
     dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>, from one kernel; and the up
@@ -274,8 +272,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     The weight gradients dW_up = x^T dpre and dW_down = (prob h)^T dy run on the FP8 ragged-K GEMM,
     x and prob h by 128x1 blocks of each expert's rows, dpre and dy by 128x128 (x's copy made in
     the forward and kept for the backward instead of x); the bias gradients are fp32 column sums of dpre and
-    prob * dy. The quantizations of x, h, dy, dpre and prob * h are separate passes (x and dy
-    both ways in one); dpre's 1x128 copy can come from the fused backward's epilogue instead
+    prob * dy. The quantizations of x, dy, dpre and prob * h are separate passes (x and dy
+    both ways in one), h's is the activation's pass; dpre's 1x128 copy can come from the fused backward's epilogue instead
     (fp8_ffn.FUSED_DPRE_COPY, off: slower today; docs/fp8.md).
 
     Accuracy: each GEMM is the fp32 math of its quantized operands, rounded once to bf16
@@ -328,6 +326,5 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     # dpre's 1x128 copy from the fused backward's epilogue, handed over in eager mode (traced by
     # torch.compile, the up projection quantizes dpre itself: the same bits)
     link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
-    h, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link)
-    return _Fp8DownProj.apply(pre if act.name == "none" else h, w_down, offs, b_down, pre, prob,
-                              act, link)
+    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link)
+    return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link)

@@ -1,6 +1,7 @@
 // The FP8 quantizers of the training recipe (fp8_quantize.h): block amax, scale and e4m3
 // cast in one pass over the bf16 input, bit for bit cute_moe.reference.fp8.
 #include <cstdint>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -8,6 +9,7 @@
 
 #include "cute_moe/fp8_quantize.h"
 #include "launch_result.h"
+#include "act_functors.h"  // generated: ActFunctor<Act> -> functor of activations.h
 #include "fp8_block_math.cuh"
 
 namespace cute_moe {
@@ -52,29 +54,55 @@ __device__ __forceinline__ float bf16_abs_max(const uint4& v) {
   return nan_max(__low2float(m), __high2float(m));
 }
 
+// The 1x128 quantizer's input, eight values of one row: the bf16 matrix itself, or the h of an
+// activation computed from pre as the fused up projection computes and rounds it.
+struct Bf16Source {
+  static constexpr int kRead = 1;  // source columns per output column
+  __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams&, float (&x)[8]) {
+    to_float(*reinterpret_cast<const uint4*>(row + col), x);
+  }
+};
+
+template <class Activation>
+struct ActSource {
+  static constexpr int kRead = Activation::kGated ? 2 : 1;
+  __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams& p, float (&x)[8]) {
+    if constexpr (Activation::kGated) {  // columns 2 col .. 2 col + 15 of pre: eight (gate, linear) pairs
+      float pre[16];
+      float(&lo)[8] = *reinterpret_cast<float(*)[8]>(pre);
+      float(&hi)[8] = *reinterpret_cast<float(*)[8]>(pre + 8);
+      to_float(*reinterpret_cast<const uint4*>(row + 2 * col), lo);
+      to_float(*reinterpret_cast<const uint4*>(row + 2 * col + 8), hi);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = __bfloat162float(__float2bfloat16_rn(Activation::forward(pre[2 * j], pre[2 * j + 1], p)));
+    } else {
+      float pre[8];
+      to_float(*reinterpret_cast<const uint4*>(row + col), pre);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = __bfloat162float(__float2bfloat16_rn(Activation::forward(pre[j], p)));
+    }
+  }
+};
+
 // One warp per (row, 256-column span): lane l holds columns 8l .. 8l + 7 of the span (one
-// 16-byte load), lanes 0-15 the span's first 128-column block and 16-31 its second; each half
-// warp reduces its block's amax. (cols is a multiple of 16, so a lane's eight are all inside
-// or all outside.) Twice the bytes per load of a warp per block: the pass runs at a larger
-// share of the memory bandwidth.
-__global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, int64_t spans_per_row, int64_t blocks_per_row) {
+// 16-byte load of a bf16 source, two of a gated activation's pre), lanes 0-15 the span's first
+// 128-column block and 16-31 its second; each half warp reduces its block's amax. (cols is a
+// multiple of 16, so a lane's eight are all inside or all outside.) Twice the bytes per load
+// of a warp per block: the pass runs at a larger share of the memory bandwidth.
+template <class Source>
+__global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p, int64_t spans_per_row,
+                                     int64_t blocks_per_row) {
   const int lane = threadIdx.x & 31;
   const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (item >= a.rows * spans_per_row) return;
   const int64_t row = item / spans_per_row, span = item % spans_per_row;
   const int64_t col = span * 2 * kBlock + 8 * lane;
   const bool inside = col < a.cols;
-  float x[8];
-  uint4 raw = make_uint4(0, 0, 0, 0);
-  if (inside) raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.src) + row * a.ld_src + col);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  float x[8] = {};
+  if (inside) Source::load(static_cast<const __nv_bfloat16*>(a.src) + row * a.ld_src, col, p, x);
   float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    x[2 * j] = __low2float(pairs[j]);
-    x[2 * j + 1] = __high2float(pairs[j]);
-    amax = nan_max(amax, nan_max(fabsf(x[2 * j]), fabsf(x[2 * j + 1])));
-  }
+  for (int j = 0; j < 8; ++j) amax = nan_max(amax, fabsf(x[j]));
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within each half
   const float scale = block_scale(amax);
@@ -359,17 +387,49 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
 
 }  // namespace
 
-Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
-  Result r = validate(a);
-  if (!r.ok() || a.rows == 0 || a.cols == 0) return r;
+namespace {
+
+// quantize_rows_kernel<Source> over a (validated) a's rows.
+template <class Source>
+Result launch_rows(const QuantizeFp8RowsArgs& a, const detail::ActParams& p, const char* op, cudaStream_t stream) {
   const int64_t blocks_per_row = (a.cols + kBlock - 1) / kBlock;
   const int64_t spans_per_row = (blocks_per_row + 1) / 2;
   const int64_t warps = a.rows * spans_per_row;
   constexpr int kThreads = 256;
   const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
-  if (grid > 2147483647) return Result::error(Status::kInvalidArgument, "quantize_fp8_1x128: too many rows");
-  quantize_rows_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, spans_per_row, blocks_per_row);
-  return detail::launched("quantize_fp8_1x128 launch");
+  if (grid > 2147483647) return Result::error(Status::kInvalidArgument, std::string(op) + ": too many rows");
+  quantize_rows_kernel<Source><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, p, spans_per_row, blocks_per_row);
+  return detail::launched(op);
+}
+
+template <detail::Act A>
+Result launch_act_rows(const ActQuantizeFp8RowsArgs& a, cudaStream_t stream) {
+  detail::ActParams p;
+  p.alpha = a.act.alpha;
+  p.limit = a.act.limit;
+  p.has_limit = a.act.has_limit;
+  return launch_rows<ActSource<typename detail::ActFunctor<A>::type>>(a.rows, p, "act_quantize_fp8_1x128 launch", stream);
+}
+
+}  // namespace
+
+Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.rows == 0 || a.cols == 0) return r;
+  return launch_rows<Bf16Source>(a, detail::ActParams{}, "quantize_fp8_1x128 launch", stream);
+}
+
+Result act_quantize_fp8_1x128(const ActQuantizeFp8RowsArgs& a, cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.rows.rows == 0 || a.rows.cols == 0) return r;
+  switch (a.act.activation) {
+    case Activation::kSwigluOai: return launch_act_rows<detail::Act::SwigluOai>(a, stream);
+    case Activation::kSwiglu: return launch_act_rows<detail::Act::Swiglu>(a, stream);
+    case Activation::kGeglu: return launch_act_rows<detail::Act::Geglu>(a, stream);
+    case Activation::kSrelu: return launch_act_rows<detail::Act::Srelu>(a, stream);
+    case Activation::kIdentity: return launch_act_rows<detail::Act::Identity>(a, stream);
+  }
+  return Result::error(Status::kInvalidArgument, "act_quantize_fp8_1x128: unknown activation");
 }
 
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "activation_rules.h"
 #include "arg_rules.h"
 #include "cute_moe/fp8_quantize.h"
 
@@ -69,6 +70,19 @@ Result validate(const QuantizeFp8GroupColumnsArgs& a) {
     c.aligned("q", a.q, 16).stride("ld_q", a.ld_q, a.cols);
     c.aligned("q_scale", a.q_scale, sizeof(float));
   }
+  return c.result();
+}
+
+Result validate(const ActQuantizeFp8RowsArgs& a) {
+  Rules c("act_quantize_fp8_1x128");
+  if (!detail::check_activation(c, a.act)) return c.result();
+  const QuantizeFp8RowsArgs& r = a.rows;
+  c.count("rows", r.rows).dim("cols", r.cols);
+  if (!c.result().ok() || r.rows == 0 || r.cols == 0) return c.result();
+  const int64_t width = is_gated(a.act.activation) ? 2 * r.cols : r.cols;  // pre's
+  c.aligned("src", r.src, 16).stride("ld_src", r.ld_src, width);
+  c.aligned("q", r.q, 16).stride("ld_q", r.ld_q, r.cols);
+  c.aligned("scale", r.scale, sizeof(float));
   return c.result();
 }
 

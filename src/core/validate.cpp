@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "activation_rules.h"
 #include "arg_rules.h"
 #include "cute_moe/fp8_gemm.h"
 #include "cute_moe/fused_activation.h"
@@ -131,20 +132,7 @@ Result validate(const RaggedKGemmArgs& a) {
 
 namespace {
 
-// False for a value outside the enum (recorded as the error): nothing else can be checked.
-bool check_activation(Checker& c, const ActivationOptions& g) {
-  const int act = static_cast<int>(g.activation);
-  if (act < 0 || act >= kNumActivations) {
-    c.require(false, "unknown activation ", act, " (expected one of ", activation_names(), ")");
-    return false;
-  }
-  c.require(is_gated(g.activation) || !g.has_limit, activation_name(g.activation),
-            " takes no clamp limit (has_limit must be false): only gated activations clamp");
-  c.require(std::isfinite(g.alpha), "the activation's alpha must be finite, got ", g.alpha);
-  c.require(!g.has_limit || (std::isfinite(g.limit) && g.limit >= 0), "the activation's limit must be finite and >= 0, got ",
-            g.limit);
-  return true;
-}
+using detail::check_activation;
 
 // The activation forward's rules beyond its GEMM's (act_forward, fp8_act_forward).
 bool check_act_forward(Checker& c, const ActivationOptions& act, int64_t m, int64_t n, const float* row_scale,

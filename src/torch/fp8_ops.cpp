@@ -36,6 +36,33 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x) 
   return {q, scale};
 }
 
+// pre (rows, w) bf16 -> h = act(pre) as the fused up projection rounds it, quantized 1x128:
+// (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128))), cols = w / 2 for a gated activation
+// (pre's columns interleaved (gate, linear)), else w.
+std::tuple<at::Tensor, at::Tensor> act_quantize_fp8_1x128_cuda(const at::Tensor& pre, const std::string& activation,
+                                                               double alpha, std::optional<double> limit) {
+  check_cuda_tensor(pre, "pre", at::kBFloat16, 2, pre);
+  check_row_major(pre, "pre");
+  ActQuantizeFp8RowsArgs a;
+  a.act = activation_options(activation, alpha, limit);
+  const bool gated = is_gated(a.act.activation);
+  TORCH_CHECK(!gated || pre.size(1) % 2 == 0, "cute_moe: act_quantize_fp8_1x128: a gated activation ('", activation,
+              "') needs an even count of pre columns ((gate, linear) pairs), got shape ", pre.sizes());
+  const int64_t cols = gated ? pre.size(1) / 2 : pre.size(1);
+  const c10::cuda::CUDAGuard guard(pre.device());
+  at::Tensor q = at::empty({pre.size(0), cols}, pre.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty({pre.size(0), blocks(cols)}, pre.options().dtype(at::kFloat));
+  a.rows.rows = pre.size(0);
+  a.rows.cols = cols;
+  a.rows.src = pre.data_ptr();
+  a.rows.ld_src = row_stride(pre);
+  a.rows.q = q.data_ptr();
+  a.rows.ld_q = cols;
+  a.rows.scale = scale.data_ptr<float>();
+  throw_if_error(act_quantize_fp8_1x128(a, at::cuda::getCurrentCUDAStream()));
+  return {q, scale};
+}
+
 // (E, k, n) bf16 -> q (E, k, n), scale (E, kb, nb) when `as_is`; q_t (E, n, k), scale_t
 // (E, nb, kb) when `transposed`; empty tensors for what was not asked.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_cuda(const at::Tensor& w, bool as_is,
@@ -329,6 +356,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor)");
   m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(("act_quantize_fp8_1x128(Tensor pre, " + kFp8ActDefaults + ") -> (Tensor, Tensor)").c_str());
   m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
         "Tensor? row_scale=None) -> Tensor");
   m.def(("grouped_mm_fp8_act(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, " +
@@ -346,6 +374,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("quantize_fp8_128x128", &quantize_fp8_128x128_cuda);
   m.impl("quantize_fp8_128x1", &quantize_fp8_128x1_cuda);
   m.impl("quantize_fp8_1x128_128x1", &quantize_fp8_1x128_128x1_cuda);
+  m.impl("act_quantize_fp8_1x128", &act_quantize_fp8_1x128_cuda);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
   m.impl("grouped_mm_fp8_act", &grouped_mm_fp8_act_cuda);
   m.impl("grouped_mm_fp8_act_bwd", &grouped_mm_fp8_act_bwd_cuda);

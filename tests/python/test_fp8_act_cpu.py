@@ -170,3 +170,36 @@ def test_op_schemas_cpu_and_fake_kernels():
     assert no_q.numel() == 0 and no_scale.numel() == 0
     assert (tuple(dpre_q.shape), dpre_q.dtype) == ((m, 2 * I), torch.float8_e4m3fn)
     assert (tuple(dpre_scale.shape), dpre_scale.dtype) == ((m, (2 * I + 127) // 128), torch.float32)
+
+
+def test_act_quantize_argument_rules():
+    pre = torch.zeros(4, 96, dtype=BF16)
+    with pytest.raises(ValueError, match=r"pre: expected pre.shape\[1\] \(2I\) a multiple of 32"):
+        fp8.act_quantize_1x128(pre[:, :48], "swiglu")
+    with pytest.raises(ValueError, match=r"pre: expected its last dimension a multiple of 16"):
+        fp8.act_quantize_1x128(pre[:, :40], "srelu")
+    with pytest.raises(ValueError, match=r"limit: expected None for 'srelu'"):
+        fp8.act_quantize_1x128(pre, "srelu", limit=7.0)
+    with pytest.raises(ValueError, match=r"activation: expected one of"):
+        fp8.act_quantize_1x128(pre, "relu")
+    with pytest.raises(ValueError, match=r"pre: expected a bfloat16 tensor"):
+        fp8.act_quantize_1x128(pre.float(), "swiglu")
+
+
+@needs_ops
+def test_act_quantize_schema_cpu_and_fake_kernels():
+    ops = torch.ops.cute_moe
+    assert str(ops.act_quantize_fp8_1x128.default._schema) == (
+        'cute_moe::act_quantize_fp8_1x128(Tensor pre, str activation="swiglu_oai", float alpha=1.702, '
+        'float? limit=None) -> (Tensor, Tensor)')
+    pre = (torch.randn(9, 2 * I, generator=torch.Generator().manual_seed(2)) * 3).to(BF16)
+    got = ops.act_quantize_fp8_1x128(pre, "swiglu_oai", ALPHA, 7.0)
+    want = fp8.act_quantize_1x128(pre, "swiglu_oai", ALPHA, 7.0)
+    assert all(torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                           b.view(torch.uint8) if b.dtype != torch.float32 else b) for a, b in zip(got, want))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        q, s = ops.act_quantize_fp8_1x128(mode.from_tensor(pre), "swiglu_oai", ALPHA, 7.0)
+        q2, s2 = ops.act_quantize_fp8_1x128(mode.from_tensor(pre), "srelu", ALPHA, None)
+    assert (tuple(q.shape), q.dtype, tuple(s.shape)) == ((9, I), torch.float8_e4m3fn, (9, (I + 127) // 128))
+    assert (tuple(q2.shape), tuple(s2.shape)) == ((9, 2 * I), (9, (2 * I + 127) // 128))

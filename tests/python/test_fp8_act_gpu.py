@@ -10,6 +10,8 @@ import torch
 import cute_moe
 from cute_moe import fp8, testing
 from cute_moe import reference as ref
+from cute_moe.activation_args import is_gated
+from cute_moe.reference import fp8 as ref_fp8
 from cute_moe.ops.fp8 import reference_grouped_mm_fp8_act, reference_grouped_mm_fp8_act_bwd
 from cute_moe.reference import offsets_from_counts
 
@@ -195,3 +197,45 @@ def test_torch_compile_fullgraph():
     got = compiled(*args)
     want = fp8.grouped_mm_act(*args, activation="swiglu")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("limit", ["default", 1.5])
+@pytest.mark.parametrize("act", FWD_ACTS + ["none"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_act_quantize_is_quantize_1x128_of_the_fused_h(case, act, limit):
+    """The FP8 block's forward path (plain GEMM, then act_quantize_1x128 over pre) gives the bits
+    of the fused up projection's h quantized 1x128, for every activation, with and without a
+    clamp that bites; and act(pre) within bf16 rounding of the reference's."""
+    limit = _limit(act) if limit == "default" or not is_gated(act) else limit
+    fused = "swiglu" if act == "none" else act  # "none": h is pre itself
+    args, used = _forward_problem(case, fused, seed=len(case) + len(act) + 11)
+    if act == "none":
+        pre = torch.ops.cute_moe.grouped_mm_fp8(*args, None)
+        h = pre
+    else:
+        h, pre = torch.ops.cute_moe.grouped_mm_fp8_act(*args, act, ALPHA, limit)
+        assert torch.equal(pre, torch.ops.cute_moe.grouped_mm_fp8(*args, None)), "pre: the plain GEMM's"
+    q, s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre, act, ALPHA, limit)
+    want_q, want_s = fp8.quantize_1x128(h)
+    assert q.shape == h.shape and s.shape == want_s.shape
+    assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    ref_q, ref_s = ref_fp8.act_quantize_1x128(pre, act, ALPHA, limit)
+    testing.assert_rel_close(ref_fp8.dequantize_1x128(q, s), ref_fp8.dequantize_1x128(ref_q, ref_s),
+                             f"{case} {act} h", tol=4e-3)
+
+
+def test_act_quantize_strided_rows_and_bad_input():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = _randn(g, 64, 3072, s=3.0)
+    pre = big[:, :2048]  # row stride 3072
+    q, s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre, "swiglu", ALPHA, None)
+    want_q, want_s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre.contiguous(), "swiglu", ALPHA, None)
+    assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="even count of pre columns"):
+        torch.ops.cute_moe.act_quantize_fp8_1x128(big[:, :17], "swiglu", ALPHA, None)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.cute_moe.act_quantize_fp8_1x128(big[:, :48], "swiglu", ALPHA, None)
+    with pytest.raises(RuntimeError, match="takes no clamp limit"):
+        torch.ops.cute_moe.act_quantize_fp8_1x128(big, "srelu", ALPHA, 7.0)
+    with pytest.raises(RuntimeError, match="BFloat16"):
+        torch.ops.cute_moe.act_quantize_fp8_1x128(big.float(), "swiglu", ALPHA, None)

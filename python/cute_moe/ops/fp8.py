@@ -1,5 +1,6 @@
 """The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128, quantize_fp8_128x128 and
-quantize_fp8_128x1 (and the 1x128 and 128x1 copies at once, quantize_fp8_1x128_128x1), the
+quantize_fp8_128x1 (and the 1x128 and 128x1 copies at once, quantize_fp8_1x128_128x1; the
+activation's h from pre quantized 1x128, act_quantize_fp8_1x128), the
 ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward and backward, and the
 weight gradient grouped_mm_fp8_wgrad."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
@@ -11,7 +12,7 @@ import torch
 
 from .. import _library
 from ..activation_args import check_act_params, check_activation, is_gated
-from ..reference.fp8 import (FP8_DTYPE, grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref,
+from ..reference.fp8 import (FP8_DTYPE, act_quantize_1x128, grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref,
                              grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref, quantize_1x128,
                              quantize_128x1_t, quantize_128x128)
 from ..reference.groups import zero_padding
@@ -20,7 +21,8 @@ from .checks import (check_offs_length, check_same_device, check_scales, check_t
 from .glu import check_act_bwd_tensors
 from .registry import register_kernels
 
-__all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "reference_128x128",
+__all__ = ["OPS", "check_quantize_1x128_args", "check_act_quantize_1x128_args",
+           "reference_act_quantize_1x128", "check_quantize_128x128_args", "reference_128x128",
            "check_quantize_128x1_args", "reference_128x1", "reference_1x128_128x1",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
            "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
@@ -28,7 +30,7 @@ __all__ = ["OPS", "check_quantize_1x128_args", "check_quantize_128x128_args", "r
            "reference_grouped_mm_fp8_wgrad"]
 
 OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1",
-       "quantize_fp8_1x128_128x1", "grouped_mm_fp8",
+       "quantize_fp8_1x128_128x1", "act_quantize_fp8_1x128", "grouped_mm_fp8",
        "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd", "grouped_mm_fp8_wgrad")
 
 
@@ -50,6 +52,35 @@ def _bf16(op: str, name: str, t, ndim: int, dims16: int) -> None:
 
 def check_quantize_1x128_args(x) -> None:
     _bf16("quantize_fp8_1x128", "x", x, 2, 1)
+
+
+def check_act_quantize_1x128_args(pre, activation, alpha, limit) -> None:
+    """pre a bf16 (rows, w) matrix, w a multiple of 16 (32 for a gated activation: h, w / 2
+    wide, in 16-byte fp8 rows); the activation's arguments as the fused ops take them."""
+    op = "act_quantize_fp8_1x128"
+    check_activation(activation, limit, op)
+    check_act_params(alpha, limit, op)
+    _bf16(op, "pre", pre, 2, 1)
+    if is_gated(activation) and pre.shape[1] % 32:
+        fail(op, "pre", f"pre.shape[1] (2I) a multiple of 32 for {activation!r} (interleaved "
+             "gate/linear pairs; h, I wide, in 16-byte fp8 rows)", f"shape {tuple(pre.shape)}")
+
+
+def _h_width(pre, activation) -> int:
+    return pre.shape[1] // 2 if is_gated(activation) else pre.shape[1]
+
+
+def _fake_act_1x128(pre, activation, alpha, limit):
+    check_act_quantize_1x128_args(pre, activation, alpha, limit)
+    cols = _h_width(pre, activation)
+    return (pre.new_empty(pre.shape[0], cols, dtype=FP8_DTYPE),
+            pre.new_empty(pre.shape[0], _blocks(cols), dtype=torch.float32))
+
+
+def reference_act_quantize_1x128(pre, activation, alpha, limit):
+    """The op's (q, scale) from the reference (its CPU kernel)."""
+    check_act_quantize_1x128_args(pre, activation, alpha, limit)
+    return act_quantize_1x128(pre, activation, alpha, limit)
 
 
 def check_quantize_128x128_args(w, as_is: bool, transposed: bool) -> None:
@@ -387,6 +418,7 @@ def _register() -> None:
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
     register_kernels("quantize_fp8_128x1", _fake_128x1, reference_128x1)
     register_kernels("quantize_fp8_1x128_128x1", _fake_1x128_128x1, reference_1x128_128x1)
+    register_kernels("act_quantize_fp8_1x128", _fake_act_1x128, reference_act_quantize_1x128)
     register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
     register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
     register_kernels("grouped_mm_fp8_act_bwd", _fake_grouped_mm_fp8_act_bwd,

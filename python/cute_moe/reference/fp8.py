@@ -57,6 +57,15 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
+def act_quantize_1x128(pre: torch.Tensor, activation: str = "swiglu_oai", alpha: float = 1.702,
+                       limit: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = act(pre) (fp32 math on the bf16 pre, rounded to bf16: the fused up projection's h),
+    then quantize_1x128(h) (cute_moe::act_quantize_fp8_1x128): the down projection's operand
+    from one pass over pre. Gated activations read pre's interleaved (gate, linear) columns."""
+    from .activation import act_ref
+    return quantize_1x128(act_ref(pre, activation, alpha, limit).to(torch.bfloat16))
+
+
 def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 values of quantize_1x128's output."""
     rows, k = q.shape
