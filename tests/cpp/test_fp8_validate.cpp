@@ -113,6 +113,34 @@ cute_moe::Fp8RaggedMGemmArgs valid_gemm() {
   return a;
 }
 
+TEST(Fp8QuantizeValidate, ActQuantize) {
+  cute_moe::ActQuantizeFp8RowsArgs a;
+  a.rows = valid_rows();  // h 2880 wide: a gated activation reads pre 5760 wide
+  a.rows.ld_src = 5760;
+  a.act.activation = cute_moe::Activation::kSwigluOai;
+  a.act.has_limit = true;
+  a.act.limit = 7.0f;
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  cute_moe::ActQuantizeFp8RowsArgs b = a;
+  b.rows.ld_src = 2880;  // pre's pairs need twice h's width
+  expect_rejected(b, "ld_src must be a multiple of 16 elements and >= 5760, got ld_src=2880");
+  b = a;
+  b.act.activation = cute_moe::Activation::kSrelu;  // not gated: pre as wide as h, no limit
+  expect_rejected(b, "srelu takes no clamp limit");
+  b.act.has_limit = false;
+  b.rows.ld_src = 2880;
+  EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  b = a;
+  b.act.limit = -1.0f;
+  expect_rejected(b, "the activation's limit must be finite and >= 0, got -1");
+  b = a;
+  b.act.activation = static_cast<cute_moe::Activation>(99);
+  expect_rejected(b, "unknown activation 99");
+  b = a;
+  b.rows.cols = 2888;
+  expect_rejected(b, "cols must be a non-negative multiple of 16, got cols=2888");
+}
+
 TEST(Fp8GemmValidate, ValidArgumentsPass) {
   EXPECT_TRUE(cute_moe::validate(valid_gemm()).ok()) << cute_moe::validate(valid_gemm()).message;
   cute_moe::Fp8RaggedMGemmArgs a = valid_gemm();
