@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(Quantiz
   const int j = t / 2;  // output row (an n of the tile)
   const int64_t out_row = nb * kBlock + j;
   if (out_row >= a.n) return;
-  store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * a.k + kb * kBlock, a.k - kb * kBlock);
+  const int64_t pitch = a.ld_q_t != 0 ? a.ld_q_t : a.k;
+  store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * pitch + kb * kBlock, a.k - kb * kBlock);
 }
 
 // One CTA of 256 threads per (128-column tile, 128-row block of one group), the threads laid

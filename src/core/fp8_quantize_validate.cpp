@@ -52,7 +52,10 @@ Result validate(const QuantizeFp8TilesArgs& a) {
             "batch_stride_src must be a multiple of 16 elements and >= k * ld_src=", a.k * a.ld_src,
             ", got batch_stride_src=", a.batch_stride_src);
   if (a.q != nullptr) c.aligned("q", a.q, 16).aligned("scale", a.scale, sizeof(float));
-  if (a.q_t != nullptr) c.aligned("q_t", a.q_t, 16).aligned("scale_t", a.scale_t, sizeof(float));
+  if (a.q_t != nullptr) {
+    c.aligned("q_t", a.q_t, 16).aligned("scale_t", a.scale_t, sizeof(float));
+    if (a.ld_q_t != 0) c.stride("ld_q_t", a.ld_q_t, a.k);
+  }
   return c.result();
 }
 

@@ -55,6 +55,11 @@ TEST(Fp8QuantizeValidate, RejectsBadShapesAndLayouts) {
   r.scale = nullptr;
   expect_rejected(r, "scale must not be null");
   QuantizeFp8TilesArgs t = valid_tiles();
+  t.ld_q_t = 2872;  // q_t's row pitch below k
+  expect_rejected(t, "ld_q_t must be a multiple of 16 elements and >= 2880, got ld_q_t=2872");
+  t.ld_q_t = 2944;
+  EXPECT_TRUE(cute_moe::validate(t).ok()) << cute_moe::validate(t).message;
+  t = valid_tiles();
   t.q = nullptr; t.q_t = nullptr;
   expect_rejected(t, "q and q_t are both null");
   t = valid_tiles();

@@ -203,3 +203,4 @@ def test_act_quantize_schema_cpu_and_fake_kernels():
         q2, s2 = ops.act_quantize_fp8_1x128(mode.from_tensor(pre), "srelu", ALPHA, None)
     assert (tuple(q.shape), q.dtype, tuple(s.shape)) == ((9, I), torch.float8_e4m3fn, (9, (I + 127) // 128))
     assert (tuple(q2.shape), tuple(s2.shape)) == ((9, 2 * I), (9, (2 * I + 127) // 128))
+

@@ -170,10 +170,15 @@ def test_fp8_ops_cpu_and_fake_kernels():
     w = torch.randn(3, 160, 48).bfloat16()
     out = ops.quantize_fp8_128x128(w, True, True)
     assert [tuple(t.shape) for t in out] == [(3, 160, 48), (3, 2, 1), (3, 48, 160), (3, 1, 2)]
+    # q_t's rows padded to whole 128-byte lines, as the CUDA op allocates them (its test checks
+    # the same strides there), so that the fake kernel's strides hold on every device
+    assert out[2].stride() == (48 * 256, 256, 1)
+    assert torch.equal(out[2].float(), fp8.quantize_128x128(w)[0].transpose(-2, -1).float())
     with FakeTensorMode() as mode:
         fw = mode.from_tensor(w)
         fake_out = ops.quantize_fp8_128x128(fw, False, True)
         assert [tuple(t.shape) for t in fake_out] == [(0,), (0,), (3, 48, 160), (3, 1, 2)]
+        assert fake_out[2].stride() == (48 * 256, 256, 1)
         fq, fs = ops.quantize_fp8_1x128(mode.from_tensor(x))
         assert fq.dtype == fp8.FP8_DTYPE and tuple(fs.shape) == (5, 3)
 

@@ -105,13 +105,21 @@ def _cpu_1x128(x):
     return quantize_1x128(x)
 
 
+def _transposed_copy(w, e: int, n: int, k: int) -> torch.Tensor:
+    """quantize_fp8_128x128's q_t: (E, n, k) e4m3 with each row padded to whole 128-byte lines
+    (strides (n * kp, kp, 1), kp = k rounded up to 128), as the CUDA op allocates it (its
+    kernel writes rows 128 k at a time, faster into whole lines)."""
+    kp = _blocks(k) * 128
+    return w.new_empty_strided((e, n, k), (n * kp, kp, 1), dtype=FP8_DTYPE)
+
+
 def _fake_128x128(w, as_is, transposed):
     check_quantize_128x128_args(w, as_is, transposed)
     e, k, n = w.shape
     none8, none32 = w.new_empty(0, dtype=FP8_DTYPE), w.new_empty(0, dtype=torch.float32)
     return (w.new_empty(e, k, n, dtype=FP8_DTYPE) if as_is else none8,
             w.new_empty(e, _blocks(k), _blocks(n), dtype=torch.float32) if as_is else none32,
-            w.new_empty(e, n, k, dtype=FP8_DTYPE) if transposed else none8,
+            _transposed_copy(w, e, n, k) if transposed else none8,
             w.new_empty(e, _blocks(n), _blocks(k), dtype=torch.float32) if transposed else none32)
 
 
@@ -120,8 +128,11 @@ def reference_128x128(w, as_is: bool, transposed: bool):
     check_quantize_128x128_args(w, as_is, transposed)
     q, s = quantize_128x128(w)
     none8, none32 = w.new_empty(0, dtype=FP8_DTYPE), w.new_empty(0, dtype=torch.float32)
-    return (q if as_is else none8, s if as_is else none32,
-            q.transpose(-2, -1).contiguous() if transposed else none8,
+    if transposed:
+        e, k, n = w.shape
+        q_t = _transposed_copy(w, e, n, k)
+        q_t.copy_(q.transpose(-2, -1))
+    return (q if as_is else none8, s if as_is else none32, q_t if transposed else none8,
             s.transpose(-2, -1).contiguous() if transposed else none32)
 
 
