@@ -185,6 +185,12 @@ _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
+# The fused backward on pingpong: its heavy epilogue under the other warpgroup's mainloop. A
+# warpgroup holds 64 x 128 of an FP8 tile (its accumulator and the two promotion temporaries:
+# 192 registers), so the tile halves in M: 1.17x / 1.02x the cooperative kernel at GPT-OSS-20B
+# / Qwen3-30B-A3B (H100), the same bits; the plain GEMM and the fused forward lose on it
+# (0.83-0.97x: docs/perf-notes.md, session 26).
+_FP8_PONG = Tile(64, 128, 128, 2, 1, "Pingpong")
 
 # Per (arch, variant), the compiled tiles by role (a tile, or a tuple of tiles the heuristic
 # picks between within the role), in dispatch-table order (the cost model keeps the earlier
@@ -205,7 +211,7 @@ TILES = {
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
-    ("sm90", "Fp8ActBwd"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8ActBwd"): {"wide": (_FP8_PONG, _FP8_WIDE)},
     ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},
 }
 

@@ -217,6 +217,23 @@ TEST(ChooseLaunch, Fp8WeightGradientsLeaveNoSpareCtaEither) {
   EXPECT_EQ(choose_launch({v, 98304, 5760, 2880, 32}, {two}, 132).index, 0);
 }
 
+// The FP8 fused backward: the table lists its 64x128x128 pingpong tile first in the wide role
+// (1.17x the cooperative 128x128x128 at GPT-OSS-20B, session 26), so the heuristic takes it at
+// both models' shapes; tiny groups still go by the cost model.
+TEST(ChooseLaunch, Fp8FusedBackwardTakesTheTablesFirstWideTile) {
+  const KernelVariant v = KernelVariant::Fp8ActBwd;
+  const TileConfig pong{v, 64, 128, 128, 2, 1, Schedule::Pingpong, Act::SwigluOai, TileRole::Wide};
+  TileConfig coop = pong;
+  coop.tile_m = 128;
+  coop.schedule = Schedule::Cooperative;
+  GroupedProblem gpt{v, 98304, 2880, 2880, 32};
+  gpt.act = Act::SwigluOai;
+  EXPECT_EQ(choose_launch(gpt, {pong, coop}, 132).index, 0);
+  GroupedProblem qwen{v, 131072, 768, 2048, 128};
+  qwen.act = Act::SwigluOai;
+  EXPECT_EQ(choose_launch(qwen, {pong, coop}, 132).index, 0);
+}
+
 // Plain GEMMs on the mid tile: along n; deep groups swizzle 2, shallow ones unswizzled (the
 // scheduler would pad each group's tile grid to whole swizzle strips).
 TEST(ChooseLaunch, PlainMidTileOrder) {
