@@ -1,8 +1,8 @@
 """The FP8 training recipe's kernels (docs/fp8.md), on the GPU: the quantizers (e4m3 values with
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
-cute_moe.reference.fp8; and the activation's h from pre, quantized), the ragged-M grouped GEMM on their outputs and its fused activation
-forward and backward, the weight-gradient GEMM; and expert_ffn, the expert block in FP8, built
-from them (fp8_ffn.py). On the CPU or without the op library, the references run instead."""
+cute_moe.reference.fp8; and the activation's h from pre, quantized), the ragged-M grouped GEMM
+on their outputs and its fused activation forward and backward, the weight-gradient GEMM; and
+expert_ffn, the expert block in FP8, built from them (fp8_ffn.py). On the CPU or without the op library, the references run instead."""
 from __future__ import annotations
 
 import torch

@@ -165,9 +165,9 @@ class _Fp8UpProj(torch.autograd.Function):
 
 class _Fp8DownProj(torch.autograd.Function):
     """(h_q, h_scale, W_down, offs, b_down, pre, prob, act) -> y = prob * (h W_down + b_down), FP8
-    (h by its 1x128 copy). Keeps pre, not h: the backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy)
-    W_down^T, dpre = act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>) and
-    returns dpre as pre's gradient, none for h. Autograd frees pre after this backward, before
+    (h by its 1x128 copy). Keeps pre, not h: the backward's one FP8 kernel gives (dpre, prob * h,
+    dprob) (dh = prob * Q(dy) W_down^T, dpre = act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> +
+    <dy, b_down>) and returns dpre as pre's gradient, none for h. Autograd frees pre after this backward, before
     _Fp8UpProj's allocates dW_up (as the bf16 block does)."""
 
     @staticmethod
@@ -273,8 +273,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     x and prob h by 128x1 blocks of each expert's rows, dpre and dy by 128x128 (x's copy made in
     the forward and kept for the backward instead of x); the bias gradients are fp32 column sums of dpre and
     prob * dy. The quantizations of x, dy, dpre and prob * h are separate passes (x and dy
-    both ways in one), h's is the activation's pass; dpre's 1x128 copy can come from the fused backward's epilogue instead
-    (fp8_ffn.FUSED_DPRE_COPY, off: slower today; docs/fp8.md).
+    both ways in one), h's is the activation's pass; dpre's 1x128 copy can come from the fused
+    backward's epilogue instead (fp8_ffn.FUSED_DPRE_COPY, off: slower today; docs/fp8.md).
 
     Accuracy: each GEMM is the fp32 math of its quantized operands, rounded once to bf16
     (docs/fp8.md's contract: the tensor cores' k-block accumulation is a little short of

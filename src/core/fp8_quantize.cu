@@ -57,7 +57,6 @@ __device__ __forceinline__ float bf16_abs_max(const uint4& v) {
 // The 1x128 quantizer's input, eight values of one row: the bf16 matrix itself, or the h of an
 // activation computed from pre as the fused up projection computes and rounds it.
 struct Bf16Source {
-  static constexpr int kRead = 1;  // source columns per output column
   __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams&, float (&x)[8]) {
     to_float(*reinterpret_cast<const uint4*>(row + col), x);
   }
@@ -65,7 +64,6 @@ struct Bf16Source {
 
 template <class Activation>
 struct ActSource {
-  static constexpr int kRead = Activation::kGated ? 2 : 1;
   __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams& p, float (&x)[8]) {
     if constexpr (Activation::kGated) {  // columns 2 col .. 2 col + 15 of pre: eight (gate, linear) pairs
       float pre[16];
@@ -385,10 +383,6 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
   if (out_row >= a.cols) return;
   store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock, kBlock);
 }
-
-}  // namespace
-
-namespace {
 
 // quantize_rows_kernel<Source> over a (validated) a's rows.
 template <class Source>

@@ -60,7 +60,8 @@ def test_quantize_128x128_matches_reference(e, k, n):
     q, s, qt, st = torch.ops.cute_moe.quantize_fp8_128x128(w, True, True)
     rq, rs = ref.quantize_128x128(w)
     kp = (k + 127) // 128 * 128  # q_t's rows padded to whole 128-byte lines
-    assert q.shape == (e, k, n) and qt.shape == (e, n, k) and q.is_contiguous() and qt.stride() == (n * kp, kp, 1)
+    assert q.shape == (e, k, n) and qt.shape == (e, n, k)
+    assert q.is_contiguous() and qt.stride() == (n * kp, kp, 1)
     assert s.shape == (e, (k + 127) // 128, (n + 127) // 128) and st.shape == s.shape[:1] + s.shape[:0:-1]
     assert torch.equal(s, rs) and torch.equal(st, rs.transpose(-2, -1))
     assert torch.equal(_bits(q), _bits(rq))

@@ -12,9 +12,9 @@ import torch
 
 from .. import _library
 from ..activation_args import check_act_params, check_activation, is_gated
-from ..reference.fp8 import (FP8_DTYPE, act_quantize_1x128, grouped_mm_fp8_act_bwd_ref, grouped_mm_fp8_act_ref,
-                             grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref, quantize_1x128,
-                             quantize_128x1_t, quantize_128x128)
+from ..reference.fp8 import (FP8_DTYPE, act_quantize_1x128, grouped_mm_fp8_act_bwd_ref,
+                             grouped_mm_fp8_act_ref, grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref,
+                             quantize_1x128, quantize_128x1_t, quantize_128x128)
 from ..reference.groups import zero_padding
 from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
                      unit_columns)
