@@ -120,10 +120,7 @@ class _Fp8UpProj(torch.autograd.Function):
         xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
         pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
         del xq, x_scale
-        if act.name == "none":
-            h_q, h_scale = quantize_1x128(pre)
-        else:
-            h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)
+        h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre
         ctx.mark_non_differentiable(h_q, h_scale)
         ctx.set_materialize_grads(False)
         ctx.bias_dtype = b_up.dtype if b_up is not None else None

@@ -8,8 +8,8 @@ import os
 
 import torch
 
-__all__ = ["fail", "check_tensor", "check_contiguous", "unit_columns", "check_same_device", "check_offs_length",
-           "check_scales", "CHECK_OFFS_ENV", "set_offs_check", "offs_check_enabled",
+__all__ = ["fail", "check_tensor", "check_contiguous", "unit_columns", "check_same_device",
+           "check_offs_length", "check_scales", "CHECK_OFFS_ENV", "set_offs_check", "offs_check_enabled",
            "check_offs_values"]
 
 

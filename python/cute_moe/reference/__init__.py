@@ -3,8 +3,9 @@
 # activations, forward and backward), glu.py (GEMM plus activation), expert_ffn.py (one
 # expert block), moe.py (a torchtitan-style MoE layer), permute.py (dispatch and combine
 # gathers), routing.py (the router's top-k and the sort by expert), fp8.py (the FP8 recipe's
-# block quantizers and GEMMs, docs/fp8.md; imported as cute_moe.reference.fp8). The references loop over groups and read offs and index values on
-# the host, which the kernels never do; that is acceptable here and only here.
+# block quantizers and GEMMs, docs/fp8.md; imported as cute_moe.reference.fp8). The references
+# loop over groups and read offs and index values on the host, which the kernels never do;
+# that is acceptable here and only here.
 from ..activation_args import GATED_ACTIVATIONS, default_limit, up_width
 from ..activations import ACTIVATIONS
 from .activation import (act_bwd_ref, act_ref, activation_ref, glu_halves_ref, swiglu_oai_bwd_ref,
