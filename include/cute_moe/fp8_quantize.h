@@ -30,7 +30,9 @@
 
 namespace cute_moe {
 
-// (rows, cols) bf16 -> q (rows, cols) e4m3 and scale (rows, ceil(cols / 128)) fp32.
+// (rows, cols) bf16 -> q (rows, cols) e4m3 and scale (rows, ceil(cols / 128)) fp32; with an
+// index, row r of q is quantized from row index[r] of src (the gather of the combine's
+// backward: dy's 1x128 copy read from the tokens' gradient, no bf16 dy in between).
 struct QuantizeFp8RowsArgs {
   int64_t rows = 0;
   int64_t cols = 0;             // a multiple of 16
@@ -39,6 +41,11 @@ struct QuantizeFp8RowsArgs {
   void* q = nullptr;            // e4m3 (rows, cols), row stride ld_q (a multiple of 16)
   int64_t ld_q = 0;
   float* scale = nullptr;       // (rows, ceil(cols / 128)), contiguous
+  // Optional gather (quantize_fp8_1x128 only): device (rows,) int32; each value must lie in
+  // [0, src_rows), checked on the device (a bad one prints its position and traps, as the
+  // permute kernels do).
+  const int32_t* index = nullptr;
+  int64_t src_rows = 0;         // src's rows, with index
 };
 
 // pre (rows, w) bf16 -> h = act(pre) computed in fp32 from pre and rounded to bf16 (the h the

@@ -15,9 +15,8 @@ from . import _library
 from .ops.checks import check_offs_values, check_same_device, check_scales, check_tensor
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
-from .ops.permute import check_permute_args, check_unpermute_args
+from .ops.permute import check_permute_args, checked_combine
 from .permute import permute as _permute
-from .permute import unpermute as _unpermute
 
 __all__ = ["expert_ffn", "PRECISIONS", "check_precision"]
 
@@ -100,11 +99,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
         w_up, w_linear = _halves_pair(op, w_up, gate_linear, x,
                                       precision == "bf16" and scale_up is None and gather is None)
     if precision == "fp8":
-        y = _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
-                            prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
-                            scale_up=scale_up, scale_down=scale_down, gather=gather,
-                            gate_linear=gate_linear)
-        return y if combine is None else _unpermute(y, combine[1], combine[0])
+        return _fp8.expert_ffn(x, w_up, w_down, offs, b_up, b_down, activation=activation,
+                               prob=prob, swiglu_alpha=swiglu_alpha, limit=limit,
+                               scale_up=scale_up, scale_down=scale_down, gather=gather,
+                               gate_linear=gate_linear, combine=combine)
     limit = resolve_limit(activation, limit)
     check_activation(activation, limit, op)
     check_act_params(swiglu_alpha, limit, op, {"alpha": "swiglu_alpha"})
@@ -150,7 +148,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
         h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows,
                               up_bias is not None, w_linear)
     # checked behind the up projection's launch, whose GPU time hides the host's work
-    combine = _checked_combine(op, combine, m, hidden, x)
+    combine = checked_combine(op, combine, m, hidden, x)
     return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine, up_bias)
 
 
@@ -194,17 +192,6 @@ def _halves_pair(op, pair, gate_linear, x, in_place_ok):
     if in_place:
         return w_gate, w_linear
     return _JoinHalves.apply(w_gate, w_linear), None
-
-
-def _checked_combine(op, combine, m, hidden, x):
-    """combine as contiguous (row_token (m,), token_rows (T, k)) int32 on x's device."""
-    if combine is None:
-        return None
-    if not (isinstance(combine, (tuple, list)) and len(combine) == 2):
-        raise ValueError(f"cute_moe.{op}: combine: expected (row_token, token_rows), got "
-                         f"{combine!r:.80}")
-    check_unpermute_args(_h_like(x, m, hidden), combine[1], combine[0], op=op)
-    return combine[0].contiguous(), combine[1].contiguous()
 
 
 def _w_like(w, n):

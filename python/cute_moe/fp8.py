@@ -18,6 +18,7 @@ from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_group
                       reference_128x128, reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
+from .reference.permute import gather_rows_ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
            "act_quantize_1x128",
@@ -28,13 +29,16 @@ def _op(x: torch.Tensor) -> bool:
     return x.is_cuda and _library.library_loaded()
 
 
-def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_1x128(x: torch.Tensor, index: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, k) bf16 -> e4m3 (rows, k) and fp32 scales (rows, ceil(k / 128)): one per row and
-    128 consecutive columns (activations feeding a ragged-M GEMM). k a multiple of 16."""
-    check_quantize_1x128_args(x)
+    128 consecutive columns (activations feeding a ragged-M GEMM). k a multiple of 16. With
+    index ((M,) int32, values in [0, rows)), the copy of x[index] (M rows) from one pass that
+    gathers the rows itself: the bits of quantize_1x128(x[index]) without x[index] in bf16."""
+    check_quantize_1x128_args(x, index)
     if _op(x):
-        return torch.ops.cute_moe.quantize_fp8_1x128(x)
-    return _ref.quantize_1x128(x)
+        return torch.ops.cute_moe.quantize_fp8_1x128(x, index)
+    return _ref.quantize_1x128(x if index is None else gather_rows_ref(x, index))
 
 
 def act_quantize_1x128(pre: torch.Tensor, activation: str = DEFAULT_ACTIVATION,

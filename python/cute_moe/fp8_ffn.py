@@ -25,13 +25,14 @@ import torch
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from .ffn_autograd import Act, _column_sum, _output_grads, _param_grads
+from .ffn_autograd import Act, _column_sum, _combine, _output_grads, _param_grads
 from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
                   grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1,
                   quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
+from .ops.permute import checked_combine
 from .reference.activation import act_ref
 
 __all__ = ["expert_ffn"]
@@ -161,39 +162,56 @@ class _Fp8UpProj(torch.autograd.Function):
 
 
 class _Fp8DownProj(torch.autograd.Function):
-    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act) -> y = prob * (h W_down + b_down), FP8
-    (h by its 1x128 copy). Keeps pre, not h: the backward's one FP8 kernel gives (dpre, prob * h,
-    dprob) (dh = prob * Q(dy) W_down^T, dpre = act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> +
-    <dy, b_down>) and returns dpre as pre's gradient, none for h. Autograd frees pre after this backward, before
-    _Fp8UpProj's allocates dW_up (as the bf16 block does)."""
+    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine) -> y = prob * (h W_down
+    + b_down), FP8 (h by its 1x128 copy), with a combine (row_token, token_rows) summed per token
+    (out[t] = sum_j y[token_rows[t, j]]). Keeps pre, not h: the backward's one FP8 kernel gives
+    (dpre, prob * h, dprob) (dh = prob * Q(dy) W_down^T, dpre = act'(pre) dh, dprob = <act(pre),
+    Q(dy) W_down^T> + <dy, b_down>, dy = dout[row_token] after a combine) and returns dpre as
+    pre's gradient, none for h. Autograd frees pre after this backward, before _Fp8UpProj's
+    allocates dW_up (as the bf16 block does)."""
 
     @staticmethod
-    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link):
+    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine):
         y = grouped_mm_unchecked(h_q, h_scale, *_transposed(w_down), offs, b_down, prob)
+        row_token = None
+        if combine is not None:  # the tokens' outputs: out[t] = sum_j y[token_rows[t, j]]
+            row_token, token_rows = combine
+            y = _combine(y, token_rows)
         _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         ctx.act = act
         ctx.link = link
         ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
         ctx.bias_dtype = b_down.dtype if b_down is not None else None
         ctx.save_for_backward(pre if (need_w or need_pre or need_prob) else None, w_down, offs,
-                              b_down if need_prob else None, prob)
+                              b_down if need_prob else None, prob, row_token)
         return y
 
     @staticmethod
-    def backward(ctx, dy):
-        pre, w_down, offs, b_down, prob = ctx.saved_tensors
+    def backward(ctx, dout):
+        pre, w_down, offs, b_down, prob, row_token = ctx.saved_tensors
         _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         act = ctx.act
-        # The bias side from one pass over dy (as the bf16 DownProj): db where prob scales the
-        # rows (else the weight-gradient op sums dy), and the bias term of prob's gradient
-        # (b_down is kept only where prob needs a gradient).
-        dy, db, bias_dot = _output_grads(dy.contiguous(), offs, prob, b_down,
-                                         need_b and prob is not None, None)
+        dout = dout.contiguous()
         dpre = hp = dprob = None
         fp8_w = need_w and ctx.fp8_weight_grads
         dy_t = None  # dy's 128x1 copy, for the FP8 weight gradient
-        if need_pre or need_prob:
-            dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
+        fused = need_pre or need_prob
+        # dy: dout, or its rows gathered after a combine (row_token). The bias side comes from
+        # one pass over dy (as the bf16 DownProj): db where prob scales the rows (else the
+        # weight-gradient op sums dy), and the bias term of prob's gradient (b_down is kept
+        # only where prob needs a gradient). After a combine, when the fused kernel reads dy
+        # before the bf16 weight gradient does, dy's 1x128 copy gathers dout's rows itself and
+        # the bf16 dy is gathered after the kernel: W_down's cast and dy's copy are never live
+        # beside the bf16 dy, and the peak stays the bf16 block's (docs/perf-notes.md, session 27).
+        late = fused and row_token is not None and not fp8_w
+        if not late:
+            dy, db, bias_dot = _output_grads(dout, offs, prob, b_down,
+                                             need_b and prob is not None, row_token)
+        if fused:
+            if late:
+                dyq, dy_scale = quantize_1x128(dout, row_token)
+            else:
+                dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
             # dpre's 1x128 for the up projection's dx, from this kernel's epilogue
             fused_copy = ctx.link is not None and ctx.link.wanted and need_pre and is_gated(act.name)
             dpre, hp, dprob, *copy = grouped_mm_act_bwd_unchecked(
@@ -202,6 +220,9 @@ class _Fp8DownProj(torch.autograd.Function):
             if fused_copy:
                 ctx.link.put(dpre, *copy)
             del dyq, dy_scale, copy
+            if late:
+                dy, db, bias_dot = _output_grads(dout, offs, prob, b_down,
+                                                 need_b and prob is not None, row_token)
             if bias_dot is not None:
                 dprob = dprob + bias_dot
         elif need_w:
@@ -217,7 +238,7 @@ class _Fp8DownProj(torch.autograd.Function):
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
-                None, None)
+                None, None, None)
 
 
 def _unsupported(what: str, hint: str = "") -> None:
@@ -237,14 +258,15 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
                activation: str = DEFAULT_ACTIVATION, prob: torch.Tensor | None = None,
                swiglu_alpha: float = DEFAULT_ALPHA, limit: float | str | None = LIMIT_DEFAULT,
                scale_up: torch.Tensor | None = None, scale_down: torch.Tensor | None = None,
-               gather=None, gate_linear: str = "interleaved") -> torch.Tensor:
+               gather=None, combine=None, gate_linear: str = "interleaved") -> torch.Tensor:
     """The expert block of cute_moe.expert_ffn with its four ragged-M GEMMs in FP8 (e4m3 x e4m3,
     DeepSeek-V3's block scales: docs/fp8.md). The same math and argument conventions:
         pre = x[r] @ w_up[e] + b_up[e];  h = act(pre);  y = prob[r] * (h @ w_down[e] + b_down[e])
     for the rows r of expert e (rows sorted by expert; offs (E,) int32 cumulative end offsets;
     experts may be empty; rows at or past offs[-1] are padding and give zero output and
-    gradients). Returns y (M, H) bf16, differentiable with respect to x, w_up, w_down, b_up,
-    b_down and prob.
+    gradients). Returns y (M, H) bf16 ((T, H) with combine, as cute_moe.expert_ffn's: the
+    rows summed per token), differentiable with respect to x, w_up, w_down, b_up, b_down and
+    prob.
 
     Layout (the default one of cute_moe.expert_ffn): x (M, H); w_up (E, H, 2I) row-major
     with gate and linear columns interleaved for the gated activations ("swiglu_oai", the
@@ -324,4 +346,5 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     # torch.compile, the up projection quantizes dpre itself: the same bits)
     link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
     h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link)
-    return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link)
+    combine = checked_combine(_OP, combine, x.shape[0], hidden, x)  # behind the GEMM's launch
+    return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine)

@@ -10,6 +10,7 @@
 #include "cute_moe/fp8_quantize.h"
 #include "launch_result.h"
 #include "act_functors.h"  // generated: ActFunctor<Act> -> functor of activations.h
+#include "checked_row.cuh"
 #include "fp8_block_math.cuh"
 
 namespace cute_moe {
@@ -96,8 +97,14 @@ __global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p,
   const int64_t row = item / spans_per_row, span = item % spans_per_row;
   const int64_t col = span * 2 * kBlock + 8 * lane;
   const bool inside = col < a.cols;
+  int64_t src_row = row;
+  if (a.index != nullptr) {  // the gather: lane 0 reads and checks the row, the warp shares it
+    int32_t v = 0;
+    if (lane == 0) v = detail::checked_row(a.index, row, 1, a.src_rows, "quantize_fp8_1x128");
+    src_row = __shfl_sync(0xffffffffu, v, 0);
+  }
   float x[8] = {};
-  if (inside) Source::load(static_cast<const __nv_bfloat16*>(a.src) + row * a.ld_src, col, p, x);
+  if (inside) Source::load(static_cast<const __nv_bfloat16*>(a.src) + src_row * a.ld_src, col, p, x);
   float amax = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) amax = nan_max(amax, fabsf(x[j]));

@@ -39,6 +39,11 @@ Result validate(const QuantizeFp8RowsArgs& a) {
   c.aligned("src", a.src, 16).stride("ld_src", a.ld_src, a.cols);
   c.aligned("q", a.q, 16).stride("ld_q", a.ld_q, a.cols);
   c.aligned("scale", a.scale, sizeof(float));
+  if (a.index != nullptr) {
+    c.aligned("index", a.index, sizeof(int32_t));
+    c.require(a.src_rows >= 1, "src_rows must be >= 1 with an index (the rows index selects from), got src_rows=",
+              a.src_rows);
+  }
   return c.result();
 }
 
@@ -80,6 +85,7 @@ Result validate(const ActQuantizeFp8RowsArgs& a) {
   Rules c("act_quantize_fp8_1x128");
   if (!detail::check_activation(c, a.act)) return c.result();
   const QuantizeFp8RowsArgs& r = a.rows;
+  c.require(r.index == nullptr, "rows.index must be null: the activation's pass reads pre's rows in place");
   c.count("rows", r.rows).dim("cols", r.cols);
   if (!c.result().ok() || r.rows == 0 || r.cols == 0) return c.result();
   const int64_t width = is_gated(a.act.activation) ? 2 * r.cols : r.cols;  // pre's

@@ -7,12 +7,12 @@
 // Sums run in a fixed order (choices j in order, per lane over its vectors, then a fixed
 // shuffle tree), so results are bitwise reproducible.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 #include <cuda_bf16.h>
 
 #include "bf16x8.cuh"
+#include "checked_row.cuh"
 #include "cute_moe/permute.h"
 #include "device_info.h"
 #include "launch_result.h"
@@ -21,6 +21,7 @@ namespace cute_moe {
 
 namespace {
 
+using detail::checked_row;
 using detail::cuda_error;
 using detail::launched;
 using detail::current_device;
@@ -50,21 +51,6 @@ __device__ __forceinline__ int64_t first_warp() {
 }
 
 __device__ __forceinline__ int64_t warp_count() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
-
-// A row number read from index[pos], checked against the rows of the source. A bad value
-// would be an out-of-bounds read: print where it is and stop the kernel.
-__device__ __forceinline__ int32_t checked_row(const int32_t* index, int64_t pos, int64_t k, int64_t src_rows,
-                                               const char* op) {
-  const int32_t v = index[pos];
-  if (v < 0 || v >= src_rows) {
-    printf("cute_moe %s: invalid index at position %lld (row %lld, choice %lld): %d is not a row of src, which has "
-           "%lld rows\n",
-           op, static_cast<long long>(pos), static_cast<long long>(pos / k), static_cast<long long>(pos % k), v,
-           static_cast<long long>(src_rows));
-    __trap();
-  }
-  return v;
-}
 
 __device__ __forceinline__ uint4 scaled(uint4 v, float s) {
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);

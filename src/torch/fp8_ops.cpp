@@ -17,21 +17,32 @@ namespace {
 
 int64_t blocks(int64_t n) { return (n + 127) / 128; }
 
-// (rows, cols) bf16 -> (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128)))
-std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x) {
+// (rows, cols) bf16 -> (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128))); with an index
+// (M,) int32, q's row r is x[index[r]]'s: (M, cols) and (M, ceil(cols / 128)).
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, const std::optional<at::Tensor>& index) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_row_major(x, "x");
+  if (index) {
+    check_cuda_tensor(*index, "index", at::kInt, 1, x);
+    TORCH_CHECK(index->stride(0) == 1 || index->size(0) <= 1, "cute_moe: index must be contiguous, got stride ",
+                index->strides());
+  }
+  const int64_t rows = index ? index->size(0) : x.size(0);
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
-  at::Tensor scale = at::empty({x.size(0), blocks(x.size(1))}, x.options().dtype(at::kFloat));
+  at::Tensor q = at::empty({rows, x.size(1)}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty({rows, blocks(x.size(1))}, x.options().dtype(at::kFloat));
   QuantizeFp8RowsArgs a;
-  a.rows = x.size(0);
+  a.rows = rows;
   a.cols = x.size(1);
   a.src = x.data_ptr();
   a.ld_src = row_stride(x);
   a.q = q.data_ptr();
   a.ld_q = x.size(1);
   a.scale = scale.data_ptr<float>();
+  if (index) {
+    a.index = index->data_ptr<int32_t>();
+    a.src_rows = x.size(0);
+  }
   throw_if_error(quantize_fp8_1x128(a, at::cuda::getCurrentCUDAStream()));
   return {q, scale};
 }
@@ -357,7 +368,7 @@ at::Tensor grouped_mm_fp8_wgrad_cuda(const at::Tensor& a_t, const at::Tensor& a_
 const std::string kFp8ActDefaults = act_schema_defaults();
 
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
-  m.def("quantize_fp8_1x128(Tensor x) -> (Tensor, Tensor)");
+  m.def("quantize_fp8_1x128(Tensor x, Tensor? index=None) -> (Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor)");
   m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");

@@ -54,6 +54,15 @@ TEST(Fp8QuantizeValidate, RejectsBadShapesAndLayouts) {
   r = valid_rows();
   r.scale = nullptr;
   expect_rejected(r, "scale must not be null");
+  r = valid_rows();  // the gather: an aligned index and the rows it selects from
+  r.index = fake<const int32_t>(0x40000);
+  r.src_rows = 1024;
+  EXPECT_TRUE(cute_moe::validate(r).ok()) << cute_moe::validate(r).message;
+  r.src_rows = 0;
+  expect_rejected(r, "src_rows must be >= 1 with an index (the rows index selects from), got src_rows=0");
+  r.src_rows = 1024;
+  r.index = fake<const int32_t>(0x40002);
+  expect_rejected(r, "index must be 4-byte aligned");
   QuantizeFp8TilesArgs t = valid_tiles();
   t.ld_q_t = 2872;  // q_t's row pitch below k
   expect_rejected(t, "ld_q_t must be a multiple of 16 elements and >= 2880, got ld_q_t=2872");
@@ -138,6 +147,10 @@ TEST(Fp8QuantizeValidate, ActQuantize) {
   b = a;
   b.act.limit = -1.0f;
   expect_rejected(b, "the activation's limit must be finite and >= 0, got -1");
+  b = a;
+  b.rows.index = fake<const int32_t>(0x40000);
+  b.rows.src_rows = 4096;
+  expect_rejected(b, "rows.index must be null: the activation's pass reads pre's rows in place");
   b = a;
   b.act.activation = static_cast<cute_moe::Activation>(99);
   expect_rejected(b, "unknown activation 99");

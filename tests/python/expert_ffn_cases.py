@@ -131,10 +131,10 @@ def check_halves_block(leaves, offs, activation, up_storage, down_storage, tol=1
     return errors
 
 
-def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
+def check_combine(leaves, offs, activation, top_k=4, tol=1e-5, precision="bf16"):
     """expert_ffn(..., combine=(row_token, token_rows)) against unpermute(expert_ffn(...)):
     the same output bits, and the same gradients of every leaf (prob's to float32
-    rounding: its bias term is summed in another order)."""
+    rounding: its bias term is summed in another order); in `precision`."""
     import cute_moe
     from cute_moe.permute import unpermute
     m = leaves["x"].shape[0]
@@ -146,7 +146,7 @@ def check_combine(leaves, offs, activation, top_k=4, tol=1e-5):
     dev = leaves["x"].device
     token_rows, row_token = token_rows.to(dev), row_token.to(dev)
     kw = dict(activation=activation, prob=leaves.get("prob"), scale_up=leaves.get("scale_up"),
-              scale_down=leaves.get("scale_down"))
+              scale_down=leaves.get("scale_down"), precision=precision)
     args = (leaves["x"], leaves["w_up"], leaves["w_down"], offs, leaves.get("b_up"),
             leaves.get("b_down"))
     fused = cute_moe.expert_ffn(*args, combine=(row_token, token_rows), **kw)

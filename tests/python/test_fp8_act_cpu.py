@@ -204,3 +204,44 @@ def test_act_quantize_schema_cpu_and_fake_kernels():
     assert (tuple(q.shape), q.dtype, tuple(s.shape)) == ((9, I), torch.float8_e4m3fn, (9, (I + 127) // 128))
     assert (tuple(q2.shape), tuple(s2.shape)) == ((9, 2 * I), (9, (2 * I + 127) // 128))
 
+
+
+def test_quantize_1x128_gathers_rows():
+    """quantize_1x128(x, index): the bits of quantize_1x128(x[index]) (repeated, reordered and
+    no rows), from the CPU fallback; bad indexes are refused."""
+    g = torch.Generator().manual_seed(7)
+    x = _randn(g, 10, 272, s=4.0)
+    for index in ([3, 3, 0, 9, 1, 5, 5, 2, 8, 8, 8, 4, 7], [9], []):
+        idx = torch.tensor(index, dtype=torch.int32)
+        q, s = fp8.quantize_1x128(x, idx)
+        rq, rs = ref_fp8.quantize_1x128(x[idx.long()])
+        assert q.shape == (len(index), 272) and s.shape == (len(index), 3)
+        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    with pytest.raises(ValueError, match=r"index: expected values in \[0, 10\) \(rows of src\), got 10"):
+        fp8.quantize_1x128(x, torch.tensor([0, 10], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"got -1"):
+        fp8.quantize_1x128(x, torch.tensor([-1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"index: expected dtype torch.int32"):
+        fp8.quantize_1x128(x, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"index: expected a 1-D tensor"):
+        fp8.quantize_1x128(x, torch.zeros(2, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"index: expected a contiguous tensor"):
+        fp8.quantize_1x128(x, torch.zeros(8, dtype=torch.int32)[::2])
+
+
+@needs_ops
+def test_quantize_1x128_schema_cpu_and_fake_kernels():
+    ops = torch.ops.cute_moe
+    assert str(ops.quantize_fp8_1x128.default._schema) == (
+        'cute_moe::quantize_fp8_1x128(Tensor x, Tensor? index=None) -> (Tensor, Tensor)')
+    x = _randn(torch.Generator().manual_seed(3), 6, 144)
+    idx = torch.tensor([5, 0, 0, 2, 4, 1, 3, 5, 5], dtype=torch.int32)
+    got = ops.quantize_fp8_1x128(x, idx)
+    want = ref_fp8.quantize_1x128(x[idx.long()])
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        q, s = ops.quantize_fp8_1x128(mode.from_tensor(x), mode.from_tensor(idx))
+        q0, s0 = ops.quantize_fp8_1x128(mode.from_tensor(x))
+    assert (tuple(q.shape), q.dtype, tuple(s.shape)) == ((9, 144), torch.float8_e4m3fn, (9, 2))
+    assert (tuple(q0.shape), tuple(s0.shape)) == ((6, 144), (6, 2))

@@ -9,6 +9,7 @@ import torch
 import cute_moe
 from cute_moe.nn import GroupedExperts, MoE
 
+from expert_ffn_cases import check_combine
 from fp8_ffn_cases import BF16, make_leaves
 
 _SM90 = (torch.cuda.is_available() and cute_moe.library_loaded()
@@ -43,6 +44,18 @@ def test_expert_ffn_precision_is_the_fp8_block(device, activation):
     bf16 = cute_moe.expert_ffn(*args, **kw)
     err = float((y - bf16).detach().float().norm() / bf16.detach().float().norm())
     assert 1e-2 < err < 0.1, err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation,bias,prob", [("swiglu_oai", True, True), ("swiglu", False, True),
+                                                  ("srelu", True, False)])
+def test_expert_ffn_fp8_combine_is_unpermute_after(device, activation, bias, prob):
+    """The FP8 block with the layer's combine: the tokens' sums in its forward, and in its
+    backward dy's 1x128 copy gathered from the tokens' gradient by the quantizer (the bf16 dy
+    gathered after the fused kernel): the same bits as unpermute after the block."""
+    leaves, offs = make_leaves([40, 0, 97, 130], 144, 160, activation, bias=bias, prob=prob,
+                               pad=5, device=device, seed=21)
+    check_combine(leaves, offs, activation, precision="fp8")
 
 
 def test_expert_ffn_precision_errors():
@@ -124,3 +137,29 @@ def test_moe_fp8_layer(device, kind):
         assert bool(torch.isfinite(g).all()) and bool(g.abs().sum() > 0), name
         rel = float((g.float() - r.float()).norm() / r.float().norm())
         assert rel < 0.15, (name, rel)
+
+
+@pytest.mark.skipif(not _SM90, reason="the FP8 kernels need an SM90 GPU and the compiled library")
+def test_moe_fp8_layer_peak_memory_is_not_above_bf16():
+    """Issue 14's memory bar, on a small GPT-OSS-shaped layer (H = I = 1024, E = 8, k = 4):
+    one forward + backward of the FP8 layer allocates at most the bf16 layer's peak. (Before
+    dy's 1x128 copy gathered the tokens' gradient itself, W_down's cast and that copy were live
+    beside the bf16 dy: 8 MiB over here, 0.03 GiB at GPT-OSS-20B.)"""
+    torch.manual_seed(0)
+    layer = MoE(1024, 1024, 8, top_k=4, precision="fp8", device="cuda", dtype=BF16)
+    x = torch.randn(4096, 1024, device="cuda", dtype=BF16, requires_grad=True)
+    dy = torch.randn_like(x)
+    inputs = [x] + list(layer.parameters())
+
+    def peak(precision):
+        layer.experts.precision = precision
+        _grads(layer(x), dy, inputs)  # warm: workspaces, the allocator's blocks
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _grads(layer(x), dy, inputs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    fp8, bf16 = peak("fp8"), peak("bf16")
+    assert fp8 <= bf16, f"FP8 layer peak {fp8} B above the bf16 layer's {bf16} B"

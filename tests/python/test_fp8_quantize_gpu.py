@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import cute_moe
+from cute_moe import testing
 from cute_moe.reference import fp8 as ref
 
 pytestmark = [
@@ -104,6 +105,42 @@ def test_public_wrappers_and_no_host_sync():
 def test_quantize_1x128_rejects_bad_input(make, message):
     with pytest.raises(RuntimeError, match=message):
         torch.ops.cute_moe.quantize_fp8_1x128(make())
+
+
+@pytest.mark.parametrize("src_rows,rows", [(1, 1), (300, 900), (1000, 97), (64, 0)])
+def test_quantize_1x128_gathers_rows(src_rows, rows):
+    """With an index the kernel reads row index[r] of x: the bits of quantize_1x128(x[index])
+    (repeats, any order; the combine's backward gathers dy this way)."""
+    x = _data((src_rows, 2880), src_rows + rows)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    index = torch.randint(0, src_rows, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    q, s = torch.ops.cute_moe.quantize_fp8_1x128(x, index)
+    rq, rs = ref.quantize_1x128(x[index.long()])
+    assert q.shape == (rows, 2880) and s.shape == (rows, 23)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    pub = cute_moe.fp8.quantize_1x128(x, index)
+    assert torch.equal(_bits(pub[0]), _bits(q)) and torch.equal(pub[1], s)
+
+
+def test_quantize_1x128_index_rules():
+    x = torch.zeros(8, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match=r"index must be Int"):
+        torch.ops.cute_moe.quantize_fp8_1x128(x, torch.zeros(4, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match=r"index must be a CUDA tensor"):
+        torch.ops.cute_moe.quantize_fp8_1x128(x, torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=r"index must be contiguous"):
+        torch.ops.cute_moe.quantize_fp8_1x128(x, torch.zeros(8, dtype=torch.int32, device="cuda")[::2])
+
+
+@pytest.mark.parametrize("bad", ["[0, 1, 2, 8]", "[0, -1, 2, 3]"], ids=["past-end", "negative"])
+def test_quantize_1x128_invalid_index_stops_the_kernel_with_a_message(bad):
+    # printed and trapped on the device, as the permute kernels do: in a child process
+    out = testing.device_trap_output(f"""
+        x = torch.randn(8, 128, device="cuda", dtype=torch.bfloat16)
+        index = torch.tensor({bad}, device="cuda", dtype=torch.int32)
+    """, "torch.ops.cute_moe.quantize_fp8_1x128(x, index)")
+    assert "cute_moe quantize_fp8_1x128: invalid index at position" in out, out
+    assert "not a row of src, which has 8 rows" in out, out
 
 
 def test_quantize_128x128_rejects_bad_input():

@@ -16,8 +16,9 @@ from ..reference.fp8 import (FP8_DTYPE, act_quantize_1x128, grouped_mm_fp8_act_b
                              grouped_mm_fp8_act_ref, grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref,
                              quantize_1x128, quantize_128x1_t, quantize_128x128)
 from ..reference.groups import zero_padding
-from .checks import (check_offs_length, check_same_device, check_scales, check_tensor, fail,
-                     unit_columns)
+from ..reference.permute import gather_rows_ref
+from .checks import (check_contiguous, check_offs_length, check_same_device, check_scales,
+                     check_tensor, fail, unit_columns)
 from .glu import check_act_bwd_tensors
 from .registry import register_kernels
 
@@ -50,8 +51,15 @@ def _bf16(op: str, name: str, t, ndim: int, dims16: int) -> None:
              f"strides {t.stride()}")
 
 
-def check_quantize_1x128_args(x) -> None:
-    _bf16("quantize_fp8_1x128", "x", x, 2, 1)
+def check_quantize_1x128_args(x, index=None) -> None:
+    """x a bf16 (rows, cols) matrix, cols a multiple of 16; index None or (M,) int32,
+    contiguous, on x's device (its values are checked by the kernels: in [0, rows))."""
+    op = "quantize_fp8_1x128"
+    _bf16(op, "x", x, 2, 1)
+    if index is not None:
+        check_tensor(op, "index", index, 1, torch.int32)
+        check_contiguous(op, "index", index)
+        check_same_device(op, "x", x, index=index)
 
 
 def check_act_quantize_1x128_args(pre, activation, alpha, limit) -> None:
@@ -94,15 +102,16 @@ def _blocks(n: int) -> int:
     return (n + 127) // 128
 
 
-def _fake_1x128(x):
-    check_quantize_1x128_args(x)
-    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(x.shape[0], _blocks(x.shape[1]),
-                                                             dtype=torch.float32)
+def _fake_1x128(x, index):
+    check_quantize_1x128_args(x, index)
+    rows = x.shape[0] if index is None else index.shape[0]
+    return (x.new_empty(rows, x.shape[1], dtype=FP8_DTYPE),
+            x.new_empty(rows, _blocks(x.shape[1]), dtype=torch.float32))
 
 
-def _cpu_1x128(x):
-    check_quantize_1x128_args(x)
-    return quantize_1x128(x)
+def _cpu_1x128(x, index):
+    check_quantize_1x128_args(x, index)
+    return quantize_1x128(x if index is None else gather_rows_ref(x, index))
 
 
 def _transposed_copy(w, e: int, n: int, k: int) -> torch.Tensor:
@@ -164,7 +173,7 @@ def reference_128x1(x, offs, tile_scales=False):
 
 
 def _fake_1x128_128x1(x, offs, tile_scales=False):
-    return _fake_1x128(x) + _fake_128x1(x, offs, tile_scales)
+    return _fake_1x128(x, None) + _fake_128x1(x, offs, tile_scales)
 
 
 def reference_1x128_128x1(x, offs, tile_scales=False):

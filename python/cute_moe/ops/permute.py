@@ -16,7 +16,7 @@ from .registry import register_kernels
 
 __all__ = ["OPS", "check_gather_rows_args", "check_gather_sum_rows_args",
            "check_gather_rows_dot_args", "vector_rows_ok", "check_permute_args",
-           "check_unpermute_args", "check_row_length"]
+           "check_unpermute_args", "checked_combine", "check_row_length"]
 
 OPS = ("gather_rows", "gather_sum_rows", "gather_rows_dot")
 
@@ -145,6 +145,20 @@ def check_unpermute_args(y, token_rows, row_token, weight=None, op: str = "unper
             fail(op, "weight", f"token_rows' shape {tuple(token_rows.shape)} (T, k)",
                  f"shape {tuple(weight.shape)}")
     check_same_device(op, "y", y, token_rows=token_rows, row_token=row_token, weight=weight)
+
+
+def checked_combine(op: str, combine, rows: int, hidden: int, x: torch.Tensor):
+    """An expert block's combine (row_token (rows,), token_rows (T, k)) int32 on x's device,
+    checked as unpermute checks its pair for a (rows, hidden) output, made contiguous; None
+    stays None."""
+    if combine is None:
+        return None
+    if not (isinstance(combine, (tuple, list)) and len(combine) == 2):
+        raise ValueError(f"cute_moe.{op}: combine: expected (row_token, token_rows), got "
+                         f"{combine!r:.80}")
+    y_like = x.new_empty_strided((rows, hidden), (0, 1))  # a stand-in: one row of memory
+    check_unpermute_args(y_like, combine[1], combine[0], op=op)
+    return combine[0].contiguous(), combine[1].contiguous()
 
 
 def check_row_length(op: str, name: str, t: torch.Tensor) -> None:
