@@ -335,9 +335,17 @@ struct Fp8BlockScaledMainloopOf {
   }
 };
 
+// The plain FP8 GEMM's epilogue: the ragged-M one with three D store stages (of four subtiles)
+// and each subtile's TMA store issued after the next one's math. 1.01-1.035x on the H100 at
+// Qwen3-30B-A3B and GPT-OSS-20B's down projection, the same bits (docs/perf-notes.md, session
+// 27); the 16 KB this adds leave the mainloop its five stages (four D stages would not).
+struct Fp8RaggedMEpilogue : RaggedMEpilogue {
+  static constexpr int kStagesD = 3;
+  static constexpr bool kDelayTmaStore = true;
+};
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
-    : Traits<RowMajor, ColMajor, bf16, RaggedMEpilogue, Fp8BlockScaledMainloopOf<false>> {};
+    : Traits<RowMajor, ColMajor, bf16, Fp8RaggedMEpilogue, Fp8BlockScaledMainloopOf<false>> {};
 // The bf16 kernels' fused activation epilogues (act_forward_variants.cuh,
 // act_backward_variants.cuh) after the FP8 mainloop. A gated W's k-contiguous copy holds the
 // interleaved (gate, linear) columns as adjacent rows, so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.

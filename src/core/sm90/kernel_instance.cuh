@@ -83,19 +83,38 @@ template <class Epilogue, class = void>
 constexpr int stages_c_v = 0;
 template <class Epilogue>
 constexpr int stages_c_v<Epilogue, std::void_t<decltype(Epilogue::kStagesC)>> = Epilogue::kStagesC;
+// Its count of D store stages (kStagesD; 0: CUTLASS's choice) and whether each subtile's TMA
+// store is issued after the next subtile's math (kDelayTmaStore, CUTLASS's DelayTmaStore).
+template <class Epilogue, class = void>
+constexpr int stages_d_v = 0;
+template <class Epilogue>
+constexpr int stages_d_v<Epilogue, std::void_t<decltype(Epilogue::kStagesD)>> = Epilogue::kStagesD;
+template <class Epilogue, class = void>
+constexpr bool delay_tma_store_v = false;
+template <class Epilogue>
+constexpr bool delay_tma_store_v<Epilogue, std::void_t<decltype(Epilogue::kDelayTmaStore)>> = Epilogue::kDelayTmaStore;
 // Whether an epilogue's tree writes D itself (kWritesD): then the collective's D is void.
 template <class Epilogue, class = void>
 constexpr bool writes_d_v = false;
 template <class Epilogue>
 constexpr bool writes_d_v<Epilogue, std::void_t<decltype(Epilogue::kWritesD)>> = Epilogue::kWritesD;
-template <class Policy, int kStagesC>
-struct WithStagesC {
+// CUTLASS's epilogue policy with the epilogue's own stage counts and store delay.
+template <class Policy, class Epilogue>
+struct EpiloguePolicyOf {
   using type = Policy;
 };
-template <int C, int D, int F, bool R, bool Delay, int W, int kStagesC>
-struct WithStagesC<cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<C, D, F, R, Delay, W>, kStagesC> {
-  static_assert(kStagesC == 0 || kStagesC > D || !R, "reusing C's buffers for D needs more C stages than D's");
-  using type = cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kStagesC == 0 ? C : kStagesC, D, F, R, Delay, W>;
+template <int C, int D, int F, bool R, bool Delay, int W, class Epilogue>
+struct EpiloguePolicyOf<cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<C, D, F, R, Delay, W>, Epilogue> {
+  static constexpr int kC = stages_c_v<Epilogue> == 0 ? C : stages_c_v<Epilogue>;
+  static constexpr int kD = stages_d_v<Epilogue> == 0 ? D : stages_d_v<Epilogue>;
+  static_assert(kC > kD || !R, "reusing C's buffers for D needs more C stages than D's");
+  using type = cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kC, kD, F, R, Delay || delay_tma_store_v<Epilogue>, W>;
+};
+// CUTLASS's epilogue descriptor as the trees see it: the epilogue's D stages where it sets them
+// (a node with smem stores of its own sizes its buffers by the collective's store stages).
+template <class Desc, class Epilogue>
+struct EpilogueDescOf : Desc {
+  static constexpr int StagesD = stages_d_v<Epilogue> == 0 ? Desc::StagesD : stages_d_v<Epilogue>;
 };
 
 // --- Mainloops: the collective CUTLASS's builder makes, unless a variant wraps it (the
@@ -189,11 +208,12 @@ struct GroupedGemmTypes {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   using ProblemShape = std::conditional_t<Traits::kDynamicSchedule, DynamicGroupProblemShape<cute::Shape<int, int, int>>,
                                           cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>>;
-  using EpiDesc = cutlass::epilogue::collective::detail::EpilogueDescriptor<
-      TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, EpilogueSchedule>;
+  using EpiDesc = EpilogueDescOf<cutlass::epilogue::collective::detail::EpilogueDescriptor<
+      TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, EpilogueSchedule>,
+      typename Traits::Epilogue>;
   using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD, EpiDesc>;
-  // CUTLASS's builder, with the variant's count of source (C) stages where it sets one
-  using EpiPolicy = typename WithStagesC<typename EpiDesc::DispatchPolicy, stages_c_v<typename Traits::Epilogue>>::type;
+  // CUTLASS's builder, with the variant's stage counts and store delay where it sets them
+  using EpiPolicy = typename EpiloguePolicyOf<typename EpiDesc::DispatchPolicy, typename Traits::Epilogue>::type;
   static constexpr bool kTreeWritesD = writes_d_v<typename Traits::Epilogue>;
   using CollectiveElementD = std::conditional_t<kTreeWritesD, void, ElementD>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
