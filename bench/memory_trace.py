@@ -8,7 +8,7 @@
 # session 27); the GPU measures it in bench_fp8_layer.py and python -m cute_moe.bench.
 #
 # The package picks the op path over its PyTorch references where a tensor is on CUDA; here
-# torch.Tensor.is_cuda reads meta tensors as CUDA ones (this process only), so the fake
+# torch.Tensor.is_cuda reads meta tensors as CUDA ones (inside meta_as_cuda() only), so the fake
 # kernels run where the GPU would run the ops. Needs the op library (the fake kernels).
 #
 #   python bench/memory_trace.py [--config gpt-oss-20b] [--precisions bf16,fp8] [--tokens T]
