@@ -2,7 +2,8 @@
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
 cute_moe.reference.fp8; and the activation's h from pre, quantized), the ragged-M grouped GEMM
 on their outputs and its fused activation forward and backward, the weight-gradient GEMM; and
-expert_ffn, the expert block in FP8, built from them (fp8_ffn.py). On the CPU or without the op library, the references run instead."""
+expert_ffn, the expert block in FP8, built from them (fp8_ffn.py). On the CPU or without the op
+library, the references run instead."""
 from __future__ import annotations
 
 import torch
@@ -13,12 +14,11 @@ from .ops.checks import check_offs_values
 from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
                       check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
-                      check_quantize_128x1_args,
-                      check_quantize_1x128_args, reference_128x1, reference_1x128_128x1,
-                      reference_128x128, reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
+                      check_quantize_128x1_args, check_quantize_1x128_args, reference_1x128,
+                      reference_128x1, reference_1x128_128x1, reference_128x128,
+                      reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
-from .reference.permute import gather_rows_ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
            "act_quantize_1x128",
@@ -38,7 +38,7 @@ def quantize_1x128(x: torch.Tensor, index: torch.Tensor | None = None
     check_quantize_1x128_args(x, index)
     if _op(x):
         return torch.ops.cute_moe.quantize_fp8_1x128(x, index)
-    return _ref.quantize_1x128(x if index is None else gather_rows_ref(x, index))
+    return reference_1x128(x, index)
 
 
 def act_quantize_1x128(pre: torch.Tensor, activation: str = DEFAULT_ACTIVATION,

@@ -204,9 +204,12 @@ class _Fp8DownProj(torch.autograd.Function):
         # the bf16 dy is gathered after the kernel: W_down's cast and dy's copy are never live
         # beside the bf16 dy, and the peak stays the bf16 block's (docs/perf-notes.md, session 27).
         late = fused and row_token is not None and not fp8_w
+
+        def output_grads():
+            return _output_grads(dout, offs, prob, b_down, need_b and prob is not None, row_token)
+
         if not late:
-            dy, db, bias_dot = _output_grads(dout, offs, prob, b_down,
-                                             need_b and prob is not None, row_token)
+            dy, db, bias_dot = output_grads()
         if fused:
             if late:
                 dyq, dy_scale = quantize_1x128(dout, row_token)
@@ -221,8 +224,7 @@ class _Fp8DownProj(torch.autograd.Function):
                 ctx.link.put(dpre, *copy)
             del dyq, dy_scale, copy
             if late:
-                dy, db, bias_dot = _output_grads(dout, offs, prob, b_down,
-                                                 need_b and prob is not None, row_token)
+                dy, db, bias_dot = output_grads()
             if bias_dot is not None:
                 dprob = dprob + bias_dot
         elif need_w:

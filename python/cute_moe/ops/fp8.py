@@ -22,7 +22,7 @@ from .checks import (check_contiguous, check_offs_length, check_same_device, che
 from .glu import check_act_bwd_tensors
 from .registry import register_kernels
 
-__all__ = ["OPS", "check_quantize_1x128_args", "check_act_quantize_1x128_args",
+__all__ = ["OPS", "check_quantize_1x128_args", "reference_1x128", "check_act_quantize_1x128_args",
            "reference_act_quantize_1x128", "check_quantize_128x128_args", "reference_128x128",
            "check_quantize_128x1_args", "reference_128x1", "reference_1x128_128x1",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
@@ -109,7 +109,9 @@ def _fake_1x128(x, index):
             x.new_empty(rows, _blocks(x.shape[1]), dtype=torch.float32))
 
 
-def _cpu_1x128(x, index):
+def reference_1x128(x, index=None):
+    """The op's outputs from the reference (its CPU kernel, and cute_moe.fp8's fallback): the
+    rows gathered first where an index is given (range-checked as the kernels check it)."""
     check_quantize_1x128_args(x, index)
     return quantize_1x128(x if index is None else gather_rows_ref(x, index))
 
@@ -434,7 +436,7 @@ def _fake_grouped_mm_fp8_wgrad(a_t, a_scale, b_t, b_scale, offs):
 
 
 def _register() -> None:
-    register_kernels("quantize_fp8_1x128", _fake_1x128, _cpu_1x128)
+    register_kernels("quantize_fp8_1x128", _fake_1x128, reference_1x128)
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
     register_kernels("quantize_fp8_128x1", _fake_128x1, reference_128x1)
     register_kernels("quantize_fp8_1x128_128x1", _fake_1x128_128x1, reference_1x128_128x1)
