@@ -3,7 +3,8 @@
 # (precision="fp8", cute_moe.fp8.expert_ffn: docs/fp8.md) against, on the same inputs and the
 # same parameter tensors in the same run, sides timed call by call in turn
 # (cute_moe.bench.runner.alternating_ms):
-#   fp8            the layer, its experts' precision "fp8"
+#   fp8            the layer, its experts' precision "fp8" (MoE's default fuse_gather: the routed
+#                  rows gathered by x's 1x128 quantizer, no sorted bf16 copy held)
 #   bf16           the same layer object, precision "bf16" (the fused bf16 kernels)
 #   torch          the torchtitan-style layer (cute_moe.reference.ReferenceMoE, impl
 #                  "grouped_mm": torch._grouped_mm and unfused ops), sharing the parameters

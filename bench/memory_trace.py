@@ -12,7 +12,7 @@
 # kernels run where the GPU would run the ops. Needs the op library (the fake kernels).
 #
 #   python bench/memory_trace.py [--config gpt-oss-20b] [--precisions bf16,fp8] [--tokens T]
-#                                [--top 12]
+#                                [--top 12] [--fuse-gather default|on|off]
 from __future__ import annotations
 
 import argparse
@@ -75,12 +75,13 @@ def meta_as_cuda():
             torch.Tensor.is_cuda = saved
 
 
-def layer_peaks(cfg, precisions) -> dict[str, LiveBytes]:
+def layer_peaks(cfg, precisions, fuse_gather: bool | None = None) -> dict[str, LiveBytes]:
     """{precision: the LiveBytes of one forward + backward} of cute_moe.nn.MoE at cfg (a
-    cute_moe.bench BenchConfig), bf16 weights, on meta tensors; the op library must be loaded."""
+    cute_moe.bench BenchConfig; MoE's fuse_gather, None: its default per precision), bf16
+    weights, on meta tensors; the op library must be loaded."""
     from cute_moe.nn import MoE
     bf16 = torch.bfloat16
-    layer = MoE(**cfg.moe_kwargs(), dtype=bf16, device="meta").train()
+    layer = MoE(**cfg.moe_kwargs(), fuse_gather=fuse_gather, dtype=bf16, device="meta").train()
     x = torch.empty(cfg.tokens, cfg.hidden, device="meta", dtype=bf16, requires_grad=True)
     dy = torch.empty(cfg.tokens, cfg.hidden, device="meta", dtype=bf16)
     inputs = [x] + list(layer.parameters())
@@ -100,14 +101,17 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="bf16,fp8")
     ap.add_argument("--tokens", type=int, default=None, help="override the config's T")
     ap.add_argument("--top", type=int, default=12, help="live tensors listed at the peak")
+    ap.add_argument("--fuse-gather", choices=("default", "on", "off"), default="default",
+                    help="MoE's fuse_gather: None (on for fp8, off for bf16), True or False")
     args = ap.parse_args(argv)
     import_cute_moe()
     from cute_moe.bench.configs import CONFIGS
     cfg = CONFIGS[args.config]
     if args.tokens is not None:
         cfg = cfg.with_(tokens=args.tokens)
-    for precision, mode in layer_peaks(cfg, args.precisions.split(",")).items():
-        print(f"{cfg.name} T={cfg.tokens} {precision}: peak {mode.peak / 2 ** 30:.3f} GiB "
+    fuse_gather = {"default": None, "on": True, "off": False}[args.fuse_gather]
+    for precision, mode in layer_peaks(cfg, args.precisions.split(","), fuse_gather).items():
+        print(f"{cfg.name} T={cfg.tokens} {precision} fuse_gather {args.fuse_gather}: peak {mode.peak / 2 ** 30:.3f} GiB "
               f"({mode.peak} bytes); live at the peak:")
         for nbytes, what in mode.at_peak[:args.top]:
             print(f"  {nbytes / 2 ** 30:7.3f} GiB  {what}")

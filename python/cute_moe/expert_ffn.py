@@ -15,7 +15,7 @@ from . import _library
 from .ops.checks import check_offs_values, check_same_device, check_scales, check_tensor
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
-from .ops.permute import check_permute_args, checked_combine
+from .ops.permute import checked_combine, checked_gather
 from .permute import permute as _permute
 
 __all__ = ["expert_ffn", "PRECISIONS", "check_precision"]
@@ -84,7 +84,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     precision: "bf16" (the fused bf16 kernels) or "fp8": the block's ragged-M GEMMs in FP8
        with DeepSeek-V3's block scales (cute_moe.fp8.expert_ffn, docs/fp8.md; it takes the
        default layout only and raises NotImplementedError naming this bf16 path for the rest:
-       transposed weight views, halves, gather, scale_up / scale_down).
+       transposed weight views, halves, scale_up / scale_down).
     Returns y (M, H) bf16 ((T, H) with combine). Differentiable with respect to every tensor
     argument but offs.
     A bad offs (decreasing, negative or past M) stops the kernel with a message and a
@@ -118,13 +118,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     act = Act(activation, float(swiglu_alpha), None if limit is None else float(limit), gate_linear)
     rows = token_rows = None
     if gather is not None:
-        rows, token_rows = gather
-        if token_rows is not None:
-            check_permute_args(x, rows, token_rows)
-        elif not (isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype == torch.int32
-                  and rows.device == x.device):
-            raise ValueError(f"cute_moe.{op}: gather: expected rows as a 1-D int32 tensor on x's "
-                             f"device, got {rows!r:.80}")
+        rows, token_rows = checked_gather(op, gather, x)
         if not gathered_ok(x, w_up, act):  # gather first: the same result
             x = _permute(x, rows, token_rows) if token_rows is not None else x[rows.long()]
             rows = token_rows = None

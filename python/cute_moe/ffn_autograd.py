@@ -119,6 +119,23 @@ def _combine(y, token_rows):
     return unpermute_ref(y, token_rows, None)
 
 
+def _gather(x, rows):
+    """x[rows] (the dispatch's gather: cute_moe.permute.permute's forward)."""
+    if _library.library_loaded():
+        return torch.ops.cute_moe.gather_rows(x, rows, None)
+    return permute_ref(x, rows)
+
+
+def _token_grads(dx_rows, rows, token_rows, num_tokens: int):
+    """The gradient of x (num_tokens, H) from that of x[rows]: each token's rows summed,
+    through token_rows (T, k) when given (a gather-sum in a fixed order: deterministic), else
+    with index_add_ (not bitwise deterministic on CUDA)."""
+    if token_rows is not None:
+        return _combine(dx_rows, token_rows)
+    acc = dx_rows.new_zeros((num_tokens, dx_rows.shape[1]), dtype=torch.float32)
+    return acc.index_add_(0, rows.long(), dx_rows.float()).to(dx_rows.dtype)
+
+
 def _wgrad(a, dy, offs, w, out_dtype):
     """a[rows_e]^T @ dy[rows_e] in w's layout (the transposed view of an (E, N, K) result
     for a transposed weight)."""
@@ -217,12 +234,8 @@ class UpProj(torch.autograd.Function):
             return UpProj._halves_pair_grads(ctx, x, w, w_linear, offs, dpre, need_x, need_w, need_b)
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
         if rows is not None:
-            if dx is not None and token_rows is not None:
-                dx = torch.ops.cute_moe.gather_sum_rows(dx, token_rows, None)
-            elif dx is not None:
-                acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-                dx = acc.index_add_(0, rows.long(), dx.float()).to(x.dtype)
-            x = torch.ops.cute_moe.gather_rows(x, rows, None) if (need_w or need_scale) else None
+            dx = _token_grads(dx, rows, token_rows, x.shape[0]) if dx is not None else None
+            x = _gather(x, rows) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
         return dx, dw, None, db, dscale, None, None, None, None, None, None

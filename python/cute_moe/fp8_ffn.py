@@ -25,14 +25,16 @@ import torch
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
-from .ffn_autograd import Act, _column_sum, _combine, _output_grads, _param_grads
+from .ffn_autograd import (Act, _column_sum, _combine, _gather, _output_grads, _param_grads,
+                           _token_grads)
 from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
                   grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1,
                   quantize_128x128)
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
-from .ops.permute import checked_combine
+from .ops.permute import checked_combine, checked_gather
+from .permute import permute as _permute
 from .reference.activation import act_ref
 
 __all__ = ["expert_ffn"]
@@ -104,8 +106,10 @@ class _DpreCopy:
 
 
 class _Fp8UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up, act) -> (h_q, h_scale, pre): pre = x W_up + b_up from the plain FP8
-    GEMM, and h = act(pre)'s 1x128 copy (the down projection's operand) from one pass over pre
+    """(x, W_up, offs, b_up, act, link, rows, token_rows) -> (h_q, h_scale, pre): pre = x W_up +
+    b_up (over x[rows] where rows is given: x's 1x128 copy gathers the rows, the sorted bf16 copy
+    is never made; the backward sums each token's rows of dx and gathers x again for the bf16
+    weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down projection's operand) from one pass over pre
     (act_quantize_1x128: the bits of quantize_1x128 of the fused up projection's h, which cost
     more in its cooperative kernel's epilogue than the pass; docs/perf-notes.md, session 26).
     h is never stored in bf16. h_q and h_scale only feed _Fp8DownProj, which hands pre its
@@ -114,11 +118,14 @@ class _Fp8UpProj(torch.autograd.Function):
     the backward."""
 
     @staticmethod
-    def forward(ctx, x, w_up, offs, b_up, act, link):
+    def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows):
         up = _transposed(w_up)
         need_w = ctx.needs_input_grad[1]
-        fp8_w = need_w and FP8_WEIGHT_GRADS
-        xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
+        fp8_w = need_w and FP8_WEIGHT_GRADS  # expert_ffn gathers first for it: no rows here
+        if rows is not None:
+            xq, x_scale, xq_t, x_scale_t = *quantize_1x128(x, rows), None, None
+        else:
+            xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
         pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
         del xq, x_scale
         h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre
@@ -128,15 +135,18 @@ class _Fp8UpProj(torch.autograd.Function):
         ctx.link = link
         if link is not None:
             link.wanted = ctx.needs_input_grad[0]
-        ctx.save_for_backward(x if need_w and not fp8_w else None, xq_t, x_scale_t, w_up, offs)
+        ctx.save_for_backward(x if need_w and not fp8_w else None, xq_t, x_scale_t, w_up, offs,
+                              rows, token_rows)
+        ctx.num_tokens = x.shape[0]
         return h_q, h_scale, pre
 
     @staticmethod
     def backward(ctx, _grad_h_q, _grad_h_scale, dpre):
-        x, xq_t, x_scale_t, w_up, offs = ctx.saved_tensors
+        x, xq_t, x_scale_t, w_up, offs, rows, token_rows = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
+        none = (None,) * 8
         if dpre is None:
-            return None, None, None, None, None, None
+            return none
         dpre = dpre.contiguous()
         copy = ctx.link.take(dpre) if ctx.link is not None else None  # dpre's 1x128, if fused
         if xq_t is None:  # the bf16 weight gradient (or none)
@@ -145,8 +155,12 @@ class _Fp8UpProj(torch.autograd.Function):
                 dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
                 dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
                 del dq, d_scale, copy
+                if rows is not None:
+                    dx = _token_grads(dx, rows, token_rows, ctx.num_tokens)
+            if rows is not None and need_w:
+                x = _gather(x, rows)
             dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
-            return dx, dw, None, db, None, None
+            return dx, dw, None, db, *none[4:]
         dx = None
         if need_x and copy is None:
             dq, d_scale, dq_t, d_scale_t = _quantized(dpre, offs, True, True)
@@ -158,7 +172,7 @@ class _Fp8UpProj(torch.autograd.Function):
         del dq, d_scale, copy
         dw = grouped_mm_wgrad(xq_t, x_scale_t, dq_t, d_scale_t, offs)  # (E, H, 2I) bf16, w_up's layout
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
-        return dx, dw, None, db, None, None
+        return dx, dw, None, db, *none[4:]
 
 
 class _Fp8DownProj(torch.autograd.Function):
@@ -276,8 +290,11 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     b_up (E, 2I) / (E, I), b_down (E, H), optional; all bf16; H and I multiples of 16 (16-byte
     e4m3 rows). prob (M,) float32 (bf16 is converted). swiglu_alpha and limit as in
     cute_moe.expert_ffn ("default": the activation's own clamp, 7.0 for swiglu_oai; None: no
-    clamp). Transposed weight views, gate_linear="halves", gather and scale_up / scale_down
-    raise NotImplementedError: cute_moe.expert_ffn (bf16) serves them.
+    clamp). gather (rows, token_rows) as in cute_moe.expert_ffn: x is then the (T, H) tokens,
+    x's 1x128 copy gathers the rows itself (the sorted bf16 copy is never made; the backward
+    gathers them again for the bf16 weight gradient, and first, in the forward, for the FP8
+    one). Transposed weight views, gate_linear="halves" and scale_up / scale_down raise
+    NotImplementedError: cute_moe.expert_ffn (bf16) serves them.
 
     What is FP8: the four ragged-M GEMMs (fp32 accumulation, bf16 out), each reading a
     1x128-quantized bf16 activation or gradient and a 128x128-quantized weight, in two fused
@@ -310,9 +327,6 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     """
     if scale_up is not None or scale_down is not None:
         _unsupported("scale_up / scale_down (per-expert scales)")
-    if gather is not None:
-        _unsupported("gather (the token gather fused into the up projection)",
-                     ", or gather the rows first (cute_moe.permute)")
     if gate_linear == "halves":
         _unsupported("gate_linear='halves'",
                      ", or convert once with cute_moe.repack.halves_to_interleaved")
@@ -327,19 +341,27 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     _check_row_major("w_up", w_up, "(E, H, 2I)" if gated else "(E, H, I)")
     num_experts, hidden = w_up.shape[0], x.shape[1]
     inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
+    rows = token_rows = None
+    if gather is not None:
+        rows, token_rows = checked_gather(_OP, gather, x)
+        if FP8_WEIGHT_GRADS and torch.is_grad_enabled() and w_up.requires_grad:
+            # the FP8 weight gradient reads x's 128x1 copy of the sorted rows: gather first
+            x = _permute(x, rows, token_rows) if token_rows is not None else x[rows.long()]
+            rows = token_rows = None
+    m = x.shape[0] if rows is None else rows.shape[0]
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
         raise ValueError(f"cute_moe.{_OP}: w_down: expected shape {(num_experts, inter, hidden)} "
                          f"(E, I, H), got shape {tuple(w_down.shape)}")
     _check_row_major("w_down", w_down, "(E, I, H)")
-    check_grouped_mm_args(x.new_empty_strided((x.shape[0], inter), (0, 1)), w_down, offs, b_down,
+    check_grouped_mm_args(x.new_empty_strided((m, inter), (0, 1)), w_down, offs, b_down,
                           op=_OP, names={"x": "h", "w": "w_down", "bias": "b_down"})
     if hidden % 16 or inter % 16:
         raise ValueError(f"cute_moe.{_OP}: expected H and I multiples of 16 (16-byte e4m3 rows), "
                          f"got H = {hidden}, I = {inter}")
-    check_offs_values(_OP, offs, x.shape[0], "x")
+    check_offs_values(_OP, offs, m, "x" if rows is None else "rows")
     if isinstance(prob, torch.Tensor) and prob.dtype != torch.float32:
         prob = prob.to(torch.float32)
-    check_scales(_OP, "prob", prob, x.shape[0], "one per routed row", "x", x)
+    check_scales(_OP, "prob", prob, m, "one per routed row", "x", x)
     b_up = b_up.contiguous() if b_up is not None else None
     b_down = b_down.contiguous() if b_down is not None else None
     prob = prob.contiguous() if prob is not None else None
@@ -347,6 +369,6 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     # dpre's 1x128 copy from the fused backward's epilogue, handed over in eager mode (traced by
     # torch.compile, the up projection quantizes dpre itself: the same bits)
     link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
-    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link)
-    combine = checked_combine(_OP, combine, x.shape[0], hidden, x)  # behind the GEMM's launch
+    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link, rows, token_rows)
+    combine = checked_combine(_OP, combine, m, hidden, x)  # behind the GEMM's launch
     return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine)

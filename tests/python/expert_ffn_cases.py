@@ -161,6 +161,38 @@ def check_combine(leaves, offs, activation, top_k=4, tol=1e-5, precision="bf16")
     assert not bad, f"{activation}: combine vs unpermute after: {bad}"
 
 
+def check_gather(leaves, offs, activation, top_k=4, precision="bf16", combine=False):
+    """expert_ffn(tokens, ..., gather=(row_token, token_rows)) against expert_ffn on
+    permute(tokens) (the rows gathered first), with the layer's combine too when `combine`:
+    the same output bits and the same gradient bits of the tokens, the weights, the biases
+    and prob; in `precision`."""
+    import cute_moe
+    from cute_moe.permute import permute
+    m, hidden = leaves["x"].shape
+    g = torch.Generator().manual_seed(5)
+    token_rows = torch.randperm(m, generator=g).view(m // top_k, top_k).to(torch.int32)
+    row_token = torch.empty(m, dtype=torch.int32)
+    row_token[token_rows.reshape(-1).long()] = torch.arange(
+        m // top_k, dtype=torch.int32).repeat_interleave(top_k)
+    dev = leaves["x"].device
+    token_rows, row_token = token_rows.to(dev), row_token.to(dev)
+    tokens = torch.randn(m // top_k, hidden, generator=g).to(dev, BF16).requires_grad_()
+    kw = dict(activation=activation, prob=leaves.get("prob"), precision=precision)
+    if combine:
+        kw["combine"] = (row_token, token_rows)
+    rest = (leaves["w_up"], leaves["w_down"], offs, leaves.get("b_up"), leaves.get("b_down"))
+    fused = cute_moe.expert_ffn(tokens, *rest, gather=(row_token, token_rows), **kw)
+    apart = cute_moe.expert_ffn(permute(tokens, row_token, token_rows), *rest, **kw)
+    assert torch.equal(fused, apart)
+    dout = torch.randn(fused.shape, generator=g).to(dev, BF16)
+    names = [k for k in ("w_up", "w_down", "b_up", "b_down", "prob") if leaves.get(k) is not None]
+    inputs = [tokens] + [leaves[k] for k in names]
+    ga = torch.autograd.grad(fused, inputs, dout)
+    gb = torch.autograd.grad(apart, inputs, dout)
+    for name, a, b in zip(["tokens"] + names, ga, gb):
+        assert torch.equal(a, b), f"{activation}: gather vs permute first: d{name}"
+
+
 def check_halves_pair(leaves, offs, activation, placement):
     """expert_ffn with w_up as the pair (w_gate, w_linear) of (E, H, I) tensors (the halves
     apart, torchtitan's w1^T and w3^T) against expert_ffn on the one [gate | linear] tensor

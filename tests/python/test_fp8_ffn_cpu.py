@@ -109,8 +109,6 @@ def test_rejects_what_cute_moe_expert_ffn_serves():
         "transposed w_up": lambda: fp8(x, up_t, w_down, offs, b_up, b_down),
         "transposed w_down": lambda: fp8(x, w_up, down_t, offs, b_up, b_down),
         "halves": lambda: fp8(x, w_up, w_down, offs, b_up, b_down, gate_linear="halves"),
-        "gather": lambda: fp8(x, w_up, w_down, offs, gather=(torch.arange(17, dtype=torch.int32),
-                                                             None)),
         "scale_up": lambda: fp8(x, w_up, w_down, offs, scale_up=scale),
         "scale_down": lambda: fp8(x, w_up, w_down, offs, scale_down=scale),
     }

@@ -141,9 +141,12 @@ def test_torch_compile_fullgraph():
         assert torch.equal(g, want[name]), name
 
 
-def test_torch_compile_fullgraph_with_combine():
+@pytest.mark.parametrize("gather", [False, True])
+def test_torch_compile_fullgraph_with_combine(gather):
     """The block with the layer's combine (the tokens' sums; in the backward dy's 1x128 copy
-    gathered from the tokens' gradient by the quantizer) traced whole: the same bits as eager."""
+    gathered from the tokens' gradient by the quantizer), and with the dispatch's gather (x's
+    1x128 copy gathered from the tokens: the first m / 4 rows of x here) traced whole: the
+    same bits as eager."""
     leaves, offs, activation, _ = _leaves("gpt_oss_like", 3.0, seed=8)
     m, hidden, k = leaves["x"].shape[0], leaves["x"].shape[1], 4
     g = torch.Generator().manual_seed(9)
@@ -155,6 +158,9 @@ def test_torch_compile_fullgraph_with_combine():
     names = list(leaves)
 
     def run(**kw):
+        if gather:
+            kw = dict(kw, x=kw["x"][:m // k])
+            return run_fp8(kw, offs, activation, combine=combine, gather=combine)
         return run_fp8(kw, offs, activation, combine=combine)
 
     want_out = run(**leaves)

@@ -9,7 +9,7 @@ import torch
 import cute_moe
 from cute_moe.nn import GroupedExperts, MoE
 
-from expert_ffn_cases import check_combine
+from expert_ffn_cases import check_combine, check_gather
 from fp8_ffn_cases import BF16, make_leaves
 
 _SM90 = (torch.cuda.is_available() and cute_moe.library_loaded()
@@ -58,6 +58,40 @@ def test_expert_ffn_fp8_combine_is_unpermute_after(device, activation, bias, pro
     check_combine(leaves, offs, activation, precision="fp8")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation,bias,prob,combine", [("swiglu_oai", True, True, True),
+                                                          ("swiglu", False, True, False),
+                                                          ("srelu", True, False, True)])
+def test_expert_ffn_fp8_gather_is_permute_first(device, activation, bias, prob, combine):
+    """The FP8 block over the tokens with the dispatch's gather (x's 1x128 copy gathered by
+    the quantizer, the backward's token sums and its second gather for the bf16 weight
+    gradient): the same bits as the block on the rows gathered first, with and without the
+    combine."""
+    leaves, offs = make_leaves([40, 0, 97, 130], 144, 160, activation, bias=bias, prob=prob,
+                               pad=5, device=device, seed=23)
+    check_gather(leaves, offs, activation, precision="fp8", combine=combine)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_fp8_fuse_gather_gives_the_same_bits(device):
+    """MoE(precision="fp8", fuse_gather=True): the layer's output and every gradient equal
+    to the layer that gathers first."""
+    torch.manual_seed(2)
+    layers = [MoE(128, 96, 6, top_k=2, precision="fp8", fuse_gather=f, init_std=0.1,
+                  device=device) for f in (True, False)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(3, 40, 128, device=device).to(BF16)
+    dy = torch.randn_like(x)
+    outs, grads = [], []
+    for layer in layers:
+        xi = x.clone().requires_grad_()
+        outs.append(layer(xi))
+        grads.append(_grads(outs[-1], dy, [xi] + [p for _, p in sorted(layer.named_parameters())]))
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_expert_ffn_precision_errors():
     leaves, offs = make_leaves([6, 0, 9], 32, 16, "swiglu_oai", bias=False, prob=False, seed=3)
     x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))
@@ -102,8 +136,6 @@ def test_module_precision_errors():
         GroupedExperts(32, 16, 2, precision="e4m3")
     with pytest.raises(ValueError, match=r"impl='reference' is the bf16/fp32 loop"):
         GroupedExperts(32, 16, 2, precision="fp8", impl="reference")
-    with pytest.raises(ValueError, match=r"fuse_gather=True is not served with precision='fp8'"):
-        MoE(32, 16, 4, 2, precision="fp8", fuse_gather=True)
     with pytest.raises(ValueError, match=r"precision: expected one of"):
         MoE(32, 16, 4, 2, precision="int8")
 
@@ -140,13 +172,16 @@ def test_moe_fp8_layer(device, kind):
 
 
 @pytest.mark.skipif(not _SM90, reason="the FP8 kernels need an SM90 GPU and the compiled library")
-def test_moe_fp8_layer_peak_memory_is_not_above_bf16():
+@pytest.mark.parametrize("fuse_gather", [False, True])
+def test_moe_fp8_layer_peak_memory_is_not_above_bf16(fuse_gather):
     """Issue 14's memory bar, on a small GPT-OSS-shaped layer (H = I = 1024, E = 8, k = 4):
-    one forward + backward of the FP8 layer allocates at most the bf16 layer's peak. (Before
-    dy's 1x128 copy gathered the tokens' gradient itself, W_down's cast and that copy were live
-    beside the bf16 dy: 8 MiB over here, 0.03 GiB at GPT-OSS-20B.)"""
+    one forward + backward of the FP8 layer allocates at most the bf16 layer's peak, both with
+    the same fuse_gather. (Before dy's 1x128 copy gathered the tokens' gradient itself, W_down's
+    cast and that copy were live beside the bf16 dy: 8 MiB over here without the gather, 0.03
+    GiB at GPT-OSS-20B.)"""
     torch.manual_seed(0)
-    layer = MoE(1024, 1024, 8, top_k=4, precision="fp8", device="cuda", dtype=BF16)
+    layer = MoE(1024, 1024, 8, top_k=4, precision="fp8", fuse_gather=fuse_gather,
+                device="cuda", dtype=BF16)
     x = torch.randn(4096, 1024, device="cuda", dtype=BF16, requires_grad=True)
     dy = torch.randn_like(x)
     inputs = [x] + list(layer.parameters())

@@ -127,7 +127,8 @@ def peak_bytes(fn, cuda: bool) -> int | None:
     return torch.cuda.max_memory_allocated() - base
 
 
-def build(cfg: BenchConfig, device, seed: int, cpu_smoke: bool = False, fuse_gather: bool = False):
+def build(cfg: BenchConfig, device, seed: int, cpu_smoke: bool = False,
+          fuse_gather: bool | None = None):
     """(ours, baseline, x, dy): the two layers share every parameter tensor."""
     torch.manual_seed(seed)
     bf16 = torch.bfloat16
@@ -158,7 +159,7 @@ def _measure(block, x, inputs, dy, reps, warmup, cuda, say: Progress, label: str
 
 def run_config(cfg: BenchConfig, *, reps: int, warmup: int, seed: int, check: bool,
                say: Progress, device="cuda", cpu_smoke: bool = False,
-               fuse_gather: bool = False) -> dict:
+               fuse_gather: bool | None = None) -> dict:
     """One table row: times, TFLOP/s and peak memory of both layers, and how far apart
     their outputs (and with check, gradients) are."""
     cuda = not cpu_smoke

@@ -107,22 +107,28 @@ def _forward(self, hidden_states, top_k_index, top_k_weights, precision: str) ->
     # Sentinel ids sort past every real expert, so they land past offs[-1]: padding rows,
     # which the grouped GEMMs leave zero (and whose router weight gets zero gradient).
     d = sort_by_expert(top_k_index, self.num_experts, top_k_weights)
-    x = permute(hidden_states.to(plan.dtype), d)
+    x = hidden_states.to(plan.dtype)
+    # FP8: the routed rows gathered by x's quantizer (nn.MoE's default there: no sorted copy
+    # held, no time lost); bf16: gathered first (the gathering GEMM is slower on Hopper)
+    gather = plan.kernels and plan.precision == "fp8"
+    if not gather:
+        x = permute(x, d)
     # the router weight goes into the down projection's epilogue, the combine joins its
     # backward (the output gradient gathered with the bias gradients in one pass)
-    return _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan).to(hidden_states.dtype)
+    return _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan, gather).to(hidden_states.dtype)
 
 
-def _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan: _Plan):
+def _expert_ffn(x, w_up, w_down, b_up, b_down, d, plan: _Plan, gather: bool = False):
     """The whole expert block in two fused grouped GEMMs and the combine back to tokens:
     w_up (E, H, 2I) with the gate and linear columns interleaved (GPT-OSS) or as
     [gate | linear] halves (plan.route), or (E, H, I) non-gated, as stored or as a
-    transposed view."""
+    transposed view. x: the routed rows, or with `gather` the tokens."""
     gate_linear = "halves" if plan.route == "halves" else "interleaved"
     if plan.kernels:
         return expert_ffn(x, w_up, w_down, d.offs, b_up, b_down, activation=plan.activation,
                           prob=d.prob, swiglu_alpha=plan.alpha, limit=plan.limit,
                           gate_linear=gate_linear, precision=plan.precision,
+                          gather=(d.row_token, d.token_rows) if gather else None,
                           combine=(d.row_token, d.token_rows))
     y = experts_ref(x, d.offs, w_up, w_down, b_up, b_down, d.prob, activation=plan.activation,
                     alpha=plan.alpha, limit=plan.limit, impl="loop", gate_linear=gate_linear)

@@ -161,6 +161,23 @@ def checked_combine(op: str, combine, rows: int, hidden: int, x: torch.Tensor):
     return combine[0].contiguous(), combine[1].contiguous()
 
 
+def checked_gather(op: str, gather, x: torch.Tensor):
+    """An expert block's gather (rows (M,), token_rows (T, k) or None) over the tokens x (T, H):
+    with token_rows, checked as permute checks its pair; without, rows a 1-D int32 tensor on x's
+    device. Returns (rows, token_rows), made contiguous."""
+    if not (isinstance(gather, (tuple, list)) and len(gather) == 2):
+        raise ValueError(f"cute_moe.{op}: gather: expected (rows, token_rows), got {gather!r:.80}")
+    rows, token_rows = gather
+    if token_rows is not None:
+        check_permute_args(x, rows, token_rows, op=op)
+        token_rows = token_rows.contiguous()
+    elif not (isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype == torch.int32
+              and rows.device == x.device):
+        raise ValueError(f"cute_moe.{op}: gather: expected rows as a 1-D int32 tensor on x's "
+                         f"device, got {rows!r:.80}")
+    return rows.contiguous(), token_rows
+
+
 def check_row_length(op: str, name: str, t: torch.Tensor) -> None:
     """H % 8 == 0, which the op library's kernels need (the references take any H)."""
     if t.shape[1] % 8:
