@@ -122,15 +122,16 @@ __global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p,
 constexpr int kTileThreads = 256;
 constexpr int kTilePad = 16;  // bytes of padding per smem row
 
-// Column t / 2 of a 128 x 128 e4m3 tile in shared memory, as 64 consecutive bytes (rows 64 (t % 2)
-// onward) of one row of a transposed output: four 16-byte stores to dst + that first row, the
-// rows from `valid` on left unwritten.
+// Column t / 2 of a 128 x 128 e4m3 tile in shared memory, as one row of a transposed output: the
+// two threads of a row store its 128 bytes in four rounds of 32 (thread t the 16 at 16 (t % 2)),
+// so that each store instruction writes whole 32-byte sectors; the rows from `valid` on left
+// unwritten.
 __device__ __forceinline__ void store_transposed(const uint8_t (&tile)[kBlock][kBlock + kTilePad], int t, uint8_t* dst,
                                                  int64_t valid) {
   const int j = t / 2, half = t % 2;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {  // 16 rows per 16-byte store
-    const int k0 = half * 64 + 16 * c;
+    const int k0 = 32 * c + 16 * half;
     if (k0 >= valid) break;
     uint32_t w[4];
 #pragma unroll
