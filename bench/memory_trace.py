@@ -111,8 +111,8 @@ def main(argv=None) -> int:
         cfg = cfg.with_(tokens=args.tokens)
     fuse_gather = {"default": None, "on": True, "off": False}[args.fuse_gather]
     for precision, mode in layer_peaks(cfg, args.precisions.split(","), fuse_gather).items():
-        print(f"{cfg.name} T={cfg.tokens} {precision} fuse_gather {args.fuse_gather}: peak {mode.peak / 2 ** 30:.3f} GiB "
-              f"({mode.peak} bytes); live at the peak:")
+        print(f"{cfg.name} T={cfg.tokens} {precision} fuse_gather {args.fuse_gather}: peak "
+              f"{mode.peak / 2 ** 30:.3f} GiB ({mode.peak} bytes); live at the peak:")
         for nbytes, what in mode.at_peak[:args.top]:
             print(f"  {nbytes / 2 ** 30:7.3f} GiB  {what}")
     return 0

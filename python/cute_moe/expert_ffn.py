@@ -75,7 +75,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        index_add_, not bitwise deterministic). Where the gathered up projection runs (CUDA,
        a gated or srelu activation, w_up contiguous along 2I) the gather happens inside the
        GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
-       Hopper (docs/perf-notes.md); elsewhere x is gathered first. Same result either way.
+       Hopper (docs/perf-notes.md); with precision="fp8" inside the pass that quantizes x
+       (no time lost); elsewhere x is gathered first. Same result either way.
     combine: (row_token (M,), token_rows (T, k)) int32 (cute_moe.permute's pair, M = T*k):
        return the tokens' outputs out[t] = sum_j y[token_rows[t, j]], (T, H), instead of y:
        cute_moe.permute.unpermute(y, token_rows, row_token) with its backward joined to the

@@ -234,7 +234,8 @@ class UpProj(torch.autograd.Function):
             return UpProj._halves_pair_grads(ctx, x, w, w_linear, offs, dpre, need_x, need_w, need_b)
         dx = _scaled_mm(dpre, w.transpose(-2, -1), offs, None, scale) if need_x else None
         if rows is not None:
-            dx = _token_grads(dx, rows, token_rows, x.shape[0]) if dx is not None else None
+            if dx is not None:
+                dx = _token_grads(dx, rows, token_rows, x.shape[0])
             x = _gather(x, rows) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)

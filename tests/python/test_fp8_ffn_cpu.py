@@ -97,6 +97,25 @@ def _block(**kw):
     return make_leaves([6, 0, 9], 32, 16, "swiglu_oai", bias=True, prob=True, pad=2, seed=3, **kw)
 
 
+def test_gather_argument_errors():
+    """The FP8 block's gather is checked as the bf16 block's: a pair, int32 rows on x's device,
+    token_rows (T, k) with T = x's rows."""
+    leaves, offs = _block()
+    x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))
+    m = x.shape[0]
+    fp8 = cute_moe.fp8.expert_ffn
+    rows = torch.arange(m, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"gather: expected \(rows, token_rows\)"):
+        fp8(x, w_up, w_down, offs, gather=(rows,))
+    with pytest.raises(ValueError, match=r"gather: expected rows as a 1-D int32 tensor"):
+        fp8(x, w_up, w_down, offs, gather=(rows.long(), None))
+    with pytest.raises(ValueError, match=r"fp8\.expert_ffn"):
+        fp8(x[:5], w_up, w_down, offs, gather=(rows, rows.view(m, 1)))
+    # rows past offs[-1] are padding: the gathered block equals the block on x[rows]
+    y = fp8(x, w_up, w_down, offs, gather=(rows.flip(0), None))
+    assert torch.equal(y, fp8(x.flip(0), w_up, w_down, offs))
+
+
 def test_rejects_what_cute_moe_expert_ffn_serves():
     leaves, offs = _block()
     x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))
