@@ -5,7 +5,9 @@
 # creates until the storage is freed. What it measures is the sum of live tensors, as
 # torch.cuda.max_memory_allocated does less the allocator's rounding (GPT-OSS-20B: 4.321 GiB
 # here, 4.32 on an H100). Used to find where a precision's peak is (docs/perf-notes.md,
-# session 27); the GPU measures it in bench_fp8_layer.py and python -m cute_moe.bench.
+# session 27); the GPU measures it in bench_fp8_layer.py and python -m cute_moe.bench. Also
+# the bytes live after the forward (the output and what autograd saved for the backward):
+# what each layer of a deep model holds until its backward, which a one-layer peak hides.
 #
 # The package picks the op path over its PyTorch references where a tensor is on CUDA; here
 # torch.Tensor.is_cuda reads meta tensors as CUDA ones (inside meta_as_cuda() only), so the fake
@@ -35,6 +37,7 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         self.live: dict[int, tuple[int, str]] = {}
         self.now = self.peak = 0
+        self.held = 0  # set by the caller: the live bytes between the forward and the backward
         self.at_peak: list[tuple[int, str]] = []
 
     def _freed(self, key: int) -> None:
@@ -91,7 +94,12 @@ def layer_peaks(cfg, precisions, fuse_gather: bool | None = None) -> dict[str, L
             layer.experts.precision = precision
             peaks[precision] = LiveBytes()
             with peaks[precision]:
-                torch.autograd.grad(layer(x), inputs, dy)
+                out = layer(x)
+                # what a model of many layers holds per layer until its backward: the
+                # output and the tensors saved for the backward
+                peaks[precision].held = peaks[precision].now
+                torch.autograd.grad(out, inputs, dy)
+                del out
     return peaks
 
 
@@ -112,7 +120,8 @@ def main(argv=None) -> int:
     fuse_gather = {"default": None, "on": True, "off": False}[args.fuse_gather]
     for precision, mode in layer_peaks(cfg, args.precisions.split(","), fuse_gather).items():
         print(f"{cfg.name} T={cfg.tokens} {precision} fuse_gather {args.fuse_gather}: peak "
-              f"{mode.peak / 2 ** 30:.3f} GiB ({mode.peak} bytes); live at the peak:")
+              f"{mode.peak / 2 ** 30:.3f} GiB ({mode.peak} bytes), held from the forward to the "
+              f"backward {mode.held / 2 ** 30:.3f} GiB; live at the peak:")
         for nbytes, what in mode.at_peak[:args.top]:
             print(f"  {nbytes / 2 ** 30:7.3f} GiB  {what}")
     return 0
