@@ -10,13 +10,14 @@ from . import fp8 as _fp8
 from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation, is_gated,
                               resolve_limit)
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
+from . import ffn_autograd as _autograd
 from .ffn_autograd import Act, DownProj, ScaledMM, UpProj, gathered_ok
 from . import _library
 from .ops.checks import check_offs_values, check_same_device, check_scales, check_tensor
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import checked_combine, checked_gather
-from .permute import permute as _permute
+from .permute import gather_rows
 
 __all__ = ["expert_ffn", "PRECISIONS", "check_precision"]
 
@@ -73,10 +74,13 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
        (M,) int32, the token of each routed row; token_rows (T, k) int32, the routed row of
        each (token, choice) (cute_moe.permute's inverse; None: x's gradient is summed with
        index_add_, not bitwise deterministic). Where the gathered up projection runs (CUDA,
-       a gated or srelu activation, w_up contiguous along 2I) the gather happens inside the
-       GEMM and the (M, H) sorted copy of x is never made: less memory, more time on
-       Hopper (docs/perf-notes.md); with precision="fp8" inside the pass that quantizes x
-       (no time lost); elsewhere x is gathered first. Same result either way.
+       a gated or srelu activation, w_up contiguous along 2I) the (M, H) sorted copy of x
+       is freed once the up projection's GEMM has read it (ffn_autograd.GATHER_IN_GEMM:
+       made by a gather pass, the default, or never made: the GEMM gathers, slower on
+       Hopper; docs/perf-notes.md) and the backward gathers the rows again for the weight
+       gradient: less memory held, one more gather pass; with precision="fp8" x's
+       quantizer gathers the rows (no time lost); elsewhere x is gathered first. Same
+       result either way.
     combine: (row_token (M,), token_rows (T, k)) int32 (cute_moe.permute's pair, M = T*k):
        return the tokens' outputs out[t] = sum_j y[token_rows[t, j]], (T, H), instead of y:
        cute_moe.permute.unpermute(y, token_rows, row_token) with its backward joined to the
@@ -121,7 +125,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     if gather is not None:
         rows, token_rows = checked_gather(op, gather, x)
         if not gathered_ok(x, w_up, act):  # gather first: the same result
-            x = _permute(x, rows, token_rows) if token_rows is not None else x[rows.long()]
+            x = gather_rows(x, rows, token_rows)
             rows = token_rows = None
     m = x.shape[0] if rows is None else rows.shape[0]
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
@@ -141,7 +145,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     else:
         up_bias = b_up
         h, pre = UpProj.apply(x, w_up, offs, b_up, scale_up, act, False, rows, token_rows,
-                              up_bias is not None, w_linear)
+                              up_bias is not None, w_linear, _autograd.GATHER_IN_GEMM)
     # checked behind the up projection's launch, whose GPU time hides the host's work
     combine = checked_combine(op, combine, m, hidden, x)
     return DownProj.apply(h, w_down, offs, b_down, pre, prob, scale_down, act, combine, up_bias)

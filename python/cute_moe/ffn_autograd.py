@@ -55,9 +55,22 @@ def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
     return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
 
 
-def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None, w_linear=None):
+# Where expert_ffn's gather (nn.MoE's fuse_gather) runs in bf16: a gather pass whose sorted copy
+# is freed as soon as the up projection's GEMM has read it (False, the default), or inside that
+# GEMM (True: grouped_mm_act_gathered, no copy at all). The backward gathers again for the weight
+# gradient either way, so both hold the same memory from the forward to the backward and reach the
+# same peak; on an H100 the gathered GEMM takes the MoE layer's forward from 7.6 to 11.5 ms at
+# GPT-OSS-20B (2.6 to 4.6 at Qwen3-30B-A3B), the pass costs its backward 0.3 ms, 1-4% of the step
+# (docs/perf-notes.md, session 29). Read by each expert_ffn call.
+GATHER_IN_GEMM = False
+
+
+def _act_fwd(x, w, offs, bias, scale, act: Act, rows=None, w_linear=None, in_gemm=True):
     """(h, pre) of the fused up projection; over x[rows] when rows is given (the gather
-    fused into the GEMM); w_linear: the linear half of a halves w as its own tensor."""
+    fused into the GEMM, or with in_gemm False a gather pass first: the same bits); w_linear:
+    the linear half of a halves w as its own tensor."""
+    if rows is not None and not in_gemm:
+        return _act_fwd(_gather(x, rows), w, offs, bias, scale, act, None, w_linear)
     if rows is not None:
         return torch.ops.cute_moe.grouped_mm_act_gathered(x, rows, w, offs, bias, scale, act.name,
                                                           act.alpha, act.limit)
@@ -98,11 +111,7 @@ def _output_grads(dout, offs, prob, bias, need_db, row_token):
     float32 = dy[r] . bias[e] when a bias is given (prob's gradient's bias term). One read
     of dy instead of one per quantity (cute_moe::grouped_bias_grads)."""
     if not need_db and bias is None:
-        if row_token is None:
-            return dout, None, None
-        if _library.library_loaded():
-            return torch.ops.cute_moe.gather_rows(dout, row_token, None), None, None
-        return permute_ref(dout, row_token), None, None
+        return (dout if row_token is None else _gather(dout, row_token)), None, None
     if _library.library_loaded():
         db, bias_dot, gathered = torch.ops.cute_moe.grouped_bias_grads(dout, offs, prob, bias,
                                                                        row_token)
@@ -186,8 +195,9 @@ class UpProj(torch.autograd.Function):
     of h's gradient computed from pre, recomputed. With h_differentiable False (expert_ffn,
     where h only feeds DownProj) h is marked non-differentiable, so no gradient of h
     exists to handle, under torch.compile too.
-    Gathered (rows given, the gathered op; gathered_ok): x holds the tokens and routed row
-    r is x[rows[r]]. The backward sums each token's rows of the input gradient, through
+    Gathered (rows given; gathered_ok): x holds the tokens and routed row r is x[rows[r]],
+    read by the gathered GEMM (gather_in_gemm) or copied out by a gather pass whose copy
+    is freed after the GEMM (the same bits; GATHER_IN_GEMM above). The backward sums each token's rows of the input gradient, through
     token_rows (T, k) when given (deterministic, cute_moe.permute's gather-sum), else with
     index_add_; it gathers x[rows] once more for the weight gradient.
     bias_grad_elsewhere: the bias's gradient comes from DownProj (its fused backward sums
@@ -199,8 +209,9 @@ class UpProj(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, offs, bias, scale, act, h_differentiable, rows=None, token_rows=None,
-                bias_grad_elsewhere=False, w_linear=None):
-        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear)
+                bias_grad_elsewhere=False, w_linear=None, gather_in_gemm=True):
+        h, pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear, gather_in_gemm)
+        ctx.gather_in_gemm = gather_in_gemm
         ctx.set_materialize_grads(False)
         if not h_differentiable:
             ctx.mark_non_differentiable(h)
@@ -222,11 +233,11 @@ class UpProj(torch.autograd.Function):
         # h took gradient outside the fused route (grouped_mm_swiglu's swiglu_out used twice).
         # torch.compile may hand a zero grad_h here rather than None: still correct.
         if grad_h is not None:
-            pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear)[1]  # the forward's bits
+            pre = _act_fwd(x, w, offs, bias, scale, act, rows, w_linear, ctx.gather_in_gemm)[1]
             d = as_gate_linear(act_bwd_ref(grad_h, pre, act.name, act.alpha, act.limit), act.gate_linear)
             dpre = (d if grad_pre is None else d + grad_pre.to(d.dtype)).to(pre.dtype)
         if dpre is None:
-            return (None,) * 11
+            return (None,) * 12
         dpre = dpre.contiguous()
         need_x, need_w, _, need_b, need_scale = ctx.needs_input_grad[:5]
         need_b = need_b and not ctx.bias_grad_elsewhere
@@ -239,7 +250,7 @@ class UpProj(torch.autograd.Function):
             x = _gather(x, rows) if (need_w or need_scale) else None
         dw, db, dscale = _param_grads(x, dpre, offs, w, need_w,
                                       ctx.bias_dtype if need_b else None, scale, need_scale)
-        return dx, dw, None, db, dscale, None, None, None, None, None, None
+        return dx, dw, None, db, dscale, None, None, None, None, None, None, None
 
     @staticmethod
     def _halves_pair_grads(ctx, x, w, w_linear, offs, dpre, need_x, need_w, need_b):
@@ -252,7 +263,7 @@ class UpProj(torch.autograd.Function):
         dw = _wgrad(x, dpre[:, :inter], offs, w, w.dtype) if need_w else None
         dw_linear = _wgrad(x, dpre[:, inter:], offs, w_linear, w_linear.dtype) if need_w_linear else None
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
-        return dx, dw, None, db, None, None, None, None, None, None, dw_linear
+        return dx, dw, None, db, None, None, None, None, None, None, dw_linear, None
 
 
 class DownProj(torch.autograd.Function):

@@ -22,7 +22,8 @@ from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
            "act_quantize_1x128",
-           "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn"]
+           "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn",
+           "reuse_weight_casts"]
 
 
 def _op(x: torch.Tensor) -> bool:
@@ -212,5 +213,6 @@ def grouped_mm_act_bwd_unchecked(dy, dy_scale, w, w_scale, offs, pre, prob, out_
     return out if dpre_fp8 else out[:3]
 
 
-# last: fp8_ffn builds on the functions above
+# last: fp8_ffn and fp8_weight_casts build on the functions above
 from .fp8_ffn import expert_ffn  # noqa: E402
+from .fp8_weight_casts import reuse_weight_casts  # noqa: E402

@@ -2,22 +2,24 @@
 quantization in one pass after the up projection, its backward fused into the down projection's
 input gradient (issue 14's training path so far; docs/fp8.md)."""
 # Two autograd.Functions, as the bf16 block's: the up projection and the down projection, so that
-# autograd frees pre between their backwards. Each weight is cast twice per step: the transposed
-# copy for the forward GEMM in the forward, the as-is copy for the input gradient in the backward
-# (kept from the forward, the two FP8 copies would hold 0.8 GB more per GPT-OSS-20B layer than the
-# bf16 block keeps; recast, they cost one more read of the bf16 weights, ~0.5 ms a GPT-OSS-20B
-# layer on an H100); activations and gradients are quantized right before the GEMM that reads them
-# (dpre's 1x128 copy can come from the down projection's fused backward instead: FUSED_DPRE_COPY,
-# _DpreCopy): 1x128 for the ragged-M GEMMs; for the FP8 weight gradients (FP8_WEIGHT_GRADS) by
-# blocks of each expert's rows, 128x1 for the activation operand (x, p h) and 128x128 for the
-# gradient (dy, dpre) (x, dy and dpre feed both kinds of GEMM: one pass writes both copies, dpre's
-# 128x128 alone where the fused backward wrote its 1x128; the up projection keeps x's 128x1 copy
-# for its weight gradient instead of the bf16 x, half the bytes). The up projection writes pre from
-# the plain FP8 GEMM, and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never
-# stored in bf16); the down projection's input gradient writes dpre (and, asked, its
-# 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel (the bf16 kernel's epilogue on the FP8
-# mainloop, and a quantizing node); the bias gradients are fp32 column sums of the bf16 dpre and
-# dy. On the CPU (or without the op library) cute_moe.fp8 runs its references.
+# autograd frees pre between their backwards. Each weight is cast twice per micro-batch: the
+# transposed copy for the forward GEMM in the forward, the as-is copy for the input gradient in the
+# backward (kept from the forward, the two FP8 copies would hold 0.8 GB more per GPT-OSS-20B layer
+# than the bf16 block keeps; recast, they cost one more read of the bf16 weights, ~0.5 ms a
+# GPT-OSS-20B layer on an H100), unless a reuse_weight_casts context is open (fp8_weight_casts.py:
+# the copies made once per optimizer step, held until it closes); activations and gradients are
+# quantized right before the GEMM that reads them (dpre's 1x128 copy can come from the down
+# projection's fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs;
+# for the FP8 weight gradients (FP8_WEIGHT_GRADS) by blocks of each expert's rows, 128x1 for the
+# activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and dpre feed both
+# kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the fused backward wrote
+# its 1x128; the up projection keeps x's 128x1 copy for its weight gradient instead of the bf16 x,
+# half the bytes). The up projection writes pre from the plain FP8 GEMM, and one pass over pre
+# writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down projection's input
+# gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel
+# (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias gradients are
+# fp32 column sums of the bf16 dpre and dy. On the CPU (or without the op library) cute_moe.fp8 runs
+# its references.
 from __future__ import annotations
 
 import torch
@@ -28,13 +30,13 @@ from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import (Act, _column_sum, _combine, _gather, _output_grads, _param_grads,
                            _token_grads)
 from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
-                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1,
-                  quantize_128x128)
+                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1)
+from .fp8_weight_casts import backward_operand, forward_operand
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import checked_combine, checked_gather
-from .permute import permute as _permute
+from .permute import gather_rows
 from .reference.activation import act_ref
 
 __all__ = ["expert_ffn"]
@@ -54,25 +56,6 @@ FP8_WEIGHT_GRADS = False
 # the copy's direct stores from the epilogue add 1.0 ms to that kernel at GPT-OSS-20B, the pass
 # costs 0.6; docs/perf-notes.md, session 18). Same bits either way.
 FUSED_DPRE_COPY = False
-
-
-def _operand(q: torch.Tensor, scale: torch.Tensor):
-    """An FP8 GEMM's weight operand from one copy of a cast: q (E, n, k) as the k-contiguous
-    (E, k, n) view, its scales as (E, ceil(k / 128), ceil(n / 128)). From the transposed copy:
-    W (x @ W); from the as-is copy: W^T (dy @ W^T)."""
-    return q.transpose(-2, -1), scale.transpose(-2, -1)
-
-
-def _transposed(w: torch.Tensor):
-    """The forward GEMM's operand of w (E, k, n): its transposed copy (E, n, k) in e4m3."""
-    _, _, q_t, scale_t = quantize_128x128(w, as_is=False, transposed=True)
-    return _operand(q_t, scale_t)
-
-
-def _as_is(w: torch.Tensor):
-    """The input gradient's operand of w: its as-is copy, cast again in the backward."""
-    q, scale, _, _ = quantize_128x128(w, as_is=True, transposed=False)
-    return _operand(q, scale)
 
 
 def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
@@ -106,7 +89,7 @@ class _DpreCopy:
 
 
 class _Fp8UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up, act, link, rows, token_rows) -> (h_q, h_scale, pre): pre = x W_up +
+    """(x, W_up, offs, b_up, act, link, rows, token_rows, train) -> (h_q, h_scale, pre): pre = x W_up +
     b_up (over x[rows] where rows is given: x's 1x128 copy gathers the rows, the sorted bf16 copy
     is never made; the backward sums each token's rows of dx and gathers x again for the bf16
     weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
@@ -116,11 +99,12 @@ class _Fp8UpProj(torch.autograd.Function):
     h is never stored in bf16. h_q and h_scale only feed _Fp8DownProj, which hands pre its
     gradient: they are non-differentiable. Keeps x's 128x1 copy for the weight gradient (the
     bf16 x on the bf16 weight-gradient path) and the inputs; casts W_up's as-is copy again in
-    the backward."""
+    the backward (in a reuse_weight_casts context, where `train` (grad mode at the call) says a
+    backward may follow, the forward's cast writes it too and the context keeps it)."""
 
     @staticmethod
-    def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows):
-        up = _transposed(w_up)
+    def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows, train):
+        up = forward_operand(w_up, backward_too=train and ctx.needs_input_grad[0])
         need_w = ctx.needs_input_grad[1]
         fp8_w = need_w and FP8_WEIGHT_GRADS  # expert_ffn gathers first for it: no rows here
         if rows is not None:
@@ -145,7 +129,7 @@ class _Fp8UpProj(torch.autograd.Function):
     def backward(ctx, _grad_h_q, _grad_h_scale, dpre):
         x, xq_t, x_scale_t, w_up, offs, rows, token_rows = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
-        none = (None,) * 8
+        none = (None,) * 9
         if dpre is None:
             return none
         dpre = dpre.contiguous()
@@ -154,7 +138,7 @@ class _Fp8UpProj(torch.autograd.Function):
             dx = None
             if need_x:
                 dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
-                dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
+                dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
                 del dq, d_scale, copy
                 if rows is not None:
                     dx = _token_grads(dx, rows, token_rows, ctx.num_tokens)
@@ -169,7 +153,7 @@ class _Fp8UpProj(torch.autograd.Function):
             dq, d_scale = copy if copy is not None else (None, None)
             dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
         if need_x:
-            dx = grouped_mm_unchecked(dq, d_scale, *_as_is(w_up), offs)
+            dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
         del dq, d_scale, copy
         dw = grouped_mm_wgrad(xq_t, x_scale_t, dq_t, d_scale_t, offs)  # (E, H, 2I) bf16, w_up's layout
         db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
@@ -177,22 +161,23 @@ class _Fp8UpProj(torch.autograd.Function):
 
 
 class _Fp8DownProj(torch.autograd.Function):
-    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine) -> y = prob * (h W_down
+    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine, train) -> y = prob * (h W_down
     + b_down), FP8 (h by its 1x128 copy), with a combine (row_token, token_rows) summed per token
     (out[t] = sum_j y[token_rows[t, j]]). Keeps pre, not h: the backward's one FP8 kernel gives
     (dpre, prob * h, dprob) (dh = prob * Q(dy) W_down^T, dpre = act'(pre) dh, dprob = <act(pre),
     Q(dy) W_down^T> + <dy, b_down>, dy = dout[row_token] after a combine) and returns dpre as
     pre's gradient, none for h. Autograd frees pre after this backward, before _Fp8UpProj's
-    allocates dW_up (as the bf16 block does)."""
+    allocates dW_up (as the bf16 block does). W_down's casts as _Fp8UpProj's W_up."""
 
     @staticmethod
-    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine):
-        y = grouped_mm_unchecked(h_q, h_scale, *_transposed(w_down), offs, b_down, prob)
+    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train):
+        _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
+        down = forward_operand(w_down, backward_too=train and (need_pre or need_prob))
+        y = grouped_mm_unchecked(h_q, h_scale, *down, offs, b_down, prob)
         row_token = None
         if combine is not None:  # the tokens' outputs: out[t] = sum_j y[token_rows[t, j]]
             row_token, token_rows = combine
             y = _combine(y, token_rows)
-        _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         ctx.act = act
         ctx.link = link
         ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
@@ -233,8 +218,8 @@ class _Fp8DownProj(torch.autograd.Function):
             # dpre's 1x128 for the up projection's dx, from this kernel's epilogue
             fused_copy = ctx.link is not None and ctx.link.wanted and need_pre and is_gated(act.name)
             dpre, hp, dprob, *copy = grouped_mm_act_bwd_unchecked(
-                dyq, dy_scale, *_as_is(w_down), offs, pre, prob, None, None, need_prob, act.name,
-                act.alpha, act.limit, fused_copy)
+                dyq, dy_scale, *backward_operand(w_down), offs, pre, prob, None, None, need_prob,
+                act.name, act.alpha, act.limit, fused_copy)
             if fused_copy:
                 ctx.link.put(dpre, *copy)
             del dyq, dy_scale, copy
@@ -255,7 +240,7 @@ class _Fp8DownProj(torch.autograd.Function):
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
-                None, None, None)
+                None, None, None, None)
 
 
 def _unsupported(what: str, hint: str = "") -> None:
@@ -347,7 +332,7 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
         rows, token_rows = checked_gather(_OP, gather, x)
         if FP8_WEIGHT_GRADS and torch.is_grad_enabled() and w_up.requires_grad:
             # the FP8 weight gradient reads x's 128x1 copy of the sorted rows: gather first
-            x = _permute(x, rows, token_rows) if token_rows is not None else x[rows.long()]
+            x = gather_rows(x, rows, token_rows)
             rows = token_rows = None
     m = x.shape[0] if rows is None else rows.shape[0]
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
@@ -370,6 +355,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     # dpre's 1x128 copy from the fused backward's epilogue, handed over in eager mode (traced by
     # torch.compile, the up projection quantizes dpre itself: the same bits)
     link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
-    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link, rows, token_rows)
+    train = torch.is_grad_enabled()  # a backward may follow (the Functions' forwards run without)
+    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link, rows, token_rows, train)
     combine = checked_combine(_OP, combine, m, hidden, x)  # behind the GEMM's launch
-    return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine)
+    return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine,
+                              train)

@@ -1,9 +1,9 @@
 # The expert up projection over gathered token rows: the MoE dispatch's gather fused into
 # the GEMM's A load (cute_moe::grouped_mm_act_gathered), so the (M, H) sorted copy of the
 # tokens is never made. On the H200 it is slower than gathering first (docs/perf-notes.md:
-# the cp.async row loads are issue-bound in the kernel's two loader warps), so it is the
-# route that saves that copy's memory, not the default one (expert_ffn's `gather`,
-# cute_moe.nn.MoE's fuse_gather).
+# the cp.async row loads are issue-bound in the kernel's two loader warps). expert_ffn's `gather`
+# (cute_moe.nn.MoE's fuse_gather) saves that copy's memory the cheaper way by default, a gather
+# pass whose copy is freed after the GEMM (ffn_autograd.GATHER_IN_GEMM selects this kernel).
 from __future__ import annotations
 
 import torch

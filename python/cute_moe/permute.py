@@ -100,6 +100,14 @@ def permute(x: torch.Tensor, row_token: torch.Tensor, token_rows: torch.Tensor) 
     return _Permute.apply(_rows(x), row_token.contiguous(), token_rows.contiguous())
 
 
+def gather_rows(x: torch.Tensor, rows: torch.Tensor, token_rows) -> torch.Tensor:
+    """x[rows], differentiable: the dispatch (permute) where token_rows is given (its backward a
+    deterministic gather-sum), plain indexing otherwise (the blocks' "gather first" route)."""
+    if token_rows is not None:
+        return permute(x, rows, token_rows)
+    return x[rows.long()]
+
+
 def unpermute(y: torch.Tensor, token_rows: torch.Tensor, row_token: torch.Tensor,
               weight: torch.Tensor | None = None) -> torch.Tensor:
     """The combine: out[t] = sum_{j=0..k-1, in order} weight[t, j] * y[token_rows[t, j]].

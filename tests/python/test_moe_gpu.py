@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cute_moe
-from cute_moe import testing
+from cute_moe import ffn_autograd, testing
 from cute_moe.nn import MoE
 from cute_moe.reference import ReferenceMoE
 
@@ -113,11 +113,14 @@ def test_moe_matches_reference(case):
             assert torch.all(g[~used] == 0), n
 
 
+@pytest.mark.parametrize("in_gemm", [False, True], ids=["gather_pass", "gathered_gemm"])
 @pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[5], CASES[6]], ids=lambda c: c[0])
-def test_fuse_gather_gives_the_same_bits(case):
-    """MoE(fuse_gather=True): the token gather inside the up projection's GEMM (the gathered
-    kernel; 'none' gathers first). Same kernels otherwise, so the same bits: output and
-    every gradient; and the forward keeps no (T*k, H) sorted copy of the tokens."""
+def test_fuse_gather_gives_the_same_bits(case, in_gemm, monkeypatch):
+    """MoE(fuse_gather=True): the token gather by a pass whose copy is freed after the up
+    projection's GEMM, or inside that GEMM (the gathered kernel; ffn_autograd.GATHER_IN_GEMM;
+    'none' gathers first). Same kernels otherwise, so the same bits: output and every
+    gradient."""
+    monkeypatch.setattr(ffn_autograd, "GATHER_IN_GEMM", in_gemm)
     moe = _make(case)
     fused = MoE(*case[2:5], case[5], dtype=BF16, device="cuda", fuse_gather=True, **case[7])
     fused.load_state_dict(moe.state_dict())
@@ -131,7 +134,10 @@ def test_fuse_gather_gives_the_same_bits(case):
         assert torch.equal(u, v), n
 
 
-def test_fuse_gather_saves_the_sorted_copy():
+@pytest.mark.parametrize("in_gemm", [False, True], ids=["gather_pass", "gathered_gemm"])
+def test_fuse_gather_saves_the_sorted_copy(in_gemm, monkeypatch):
+    """The forward keeps no (T*k, H) sorted copy of the tokens, either way."""
+    monkeypatch.setattr(ffn_autograd, "GATHER_IN_GEMM", in_gemm)
     case = ("gpt-oss", 4096, 512, 256, 8, 4, "balanced", dict())
     moe = _make(case)
     fused = MoE(*case[2:5], case[5], dtype=BF16, device="cuda", fuse_gather=True)

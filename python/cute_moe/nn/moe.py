@@ -29,14 +29,15 @@ class MoE(nn.Module):
     router_bias=False, top_k=8 (halves-layout checkpoints: cute_moe.repack).
 
     fuse_gather: gather the routed rows inside the experts' up projection instead of
-      copying them out first: in bf16 inside its GEMM (on the fused path with a gated or
-      srelu activation), in FP8 inside the pass that quantizes them. The (T*k, H) sorted
-      copy of the tokens (566 MB per GPT-OSS-20B layer at 24576 tokens) is then not held
-      from the forward to the backward, which gathers the rows again for the weight
-      gradient; the result is the same. None (the default): on where the experts'
-      precision is "fp8" (read at each forward), where it takes the layer's peak 0.4-0.5 GiB
-      lower and costs no time; off in bf16, where it costs time on Hopper
-      (docs/perf-notes.md).
+      copying them out first: in bf16 by a gather pass whose copy is freed once the up
+      projection's GEMM has read it (on the fused path with a gated or srelu activation),
+      in FP8 inside the pass that quantizes them. The (T*k, H) sorted copy of the tokens
+      (566 MB per GPT-OSS-20B layer at 24576 tokens) is then not held from the forward to
+      the backward, which gathers the rows again for the weight gradient; the result is
+      the same. None (the default): on where the experts' precision is "fp8" (read at each
+      forward), where it takes the layer's peak 0.4-0.5 GiB lower and costs no time; off
+      in bf16, where the second gather costs 1-4% of the layer's forward + backward on an
+      H100 for the same saving (docs/perf-notes.md, session 29).
     precision: "bf16" (default) or "fp8": the experts' GEMMs in FP8 (GroupedExperts); the
       router and the dispatch stay as they are.
 
