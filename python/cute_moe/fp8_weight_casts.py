@@ -11,18 +11,21 @@ every FP8 layer's weights stay allocated while the context is open (about the bf
 bytes), where without it no FP8 copy outlives its GEMM.
 
 Entries are keyed by the weight's storage (the base tensor of a view, its data pointer, shape,
-strides and dtype) and hold a weak reference to that base tensor and its version counter: a
-weight changed in place (an optimizer step inside the context) or replaced by another tensor at
-the same address is cast again, and an entry goes away with its tensor (a weight made afresh by
-every forward, such as an fp32 master cast to bf16, is cast once per micro-batch, both copies
-in one pass). torch.compile'd code casts as without the context (traced code keeps no Python
-state between calls).
+strides and dtype) and hold a weak reference to that base tensor and its version counter. What
+makes the context cast again: any torch.optim optimizer's step (a global step hook drops every
+entry: fused AdamW updates the weights without moving their version counters), a weight changed
+in place otherwise (its version counter moves) or replaced by another tensor at the same
+address. An entry goes away with its tensor (a weight made afresh by every forward, such as an
+fp32 master cast to bf16, is cast once per micro-batch, both copies in one pass).
+torch.compile'd code casts as without the context (traced code keeps no Python state between
+calls).
 """
 from __future__ import annotations
 
 import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .fp8 import quantize_128x128
 
@@ -61,25 +64,31 @@ class reuse_weight_casts:
     The first micro-batch's forward casts both copies of each weight in one pass (the backward's
     as-is copy too), later micro-batches cast nothing. The same bits as without the context.
     Holds both e4m3 copies of every FP8 weight (plus their fp32 scales) until it closes:
-    `held_bytes()` says how much. A weight changed in place inside the context (its version
-    counter moves) is cast again. Weights whose values change without moving the version
-    counter (storage filled behind autograd's back) must not be used across the context: open
-    one per optimizer step. `casts` counts the cast passes made, `reuses` the operands served
-    from earlier passes."""
+    `held_bytes()` says how much. A torch.optim optimizer step inside the context drops them
+    all (the next forward casts again), as does an in-place change of one weight for that
+    weight (its version counter). What it cannot see is a weight's storage rewritten behind
+    both (a custom kernel writing into it, a non-torch.optim optimizer): hence once per step.
+    `casts` counts the cast passes made, `reuses` the operands served from earlier passes."""
 
     def __init__(self):
         self._entries: dict[tuple, _Entry] = {}
+        self._hook = None
         self.casts = 0
         self.reuses = 0
 
     def __enter__(self):
         _ACTIVE.append(self)
+        self._hook = register_optimizer_step_post_hook(self._stepped)
         return self
 
     def __exit__(self, *exc):
         _ACTIVE.remove(self)
+        self._hook.remove()
         self._entries.clear()
         return False
+
+    def _stepped(self, optimizer, args, kwargs):
+        self._entries.clear()  # the weights may have changed (fused steps leave no version bump)
 
     def held_bytes(self) -> int:
         """Bytes of the e4m3 copies and scales this context holds now."""

@@ -187,3 +187,42 @@ def test_nested_contexts_and_exit():
         assert outer.casts == 2
     from cute_moe import fp8_weight_casts
     assert fp8_weight_casts._ACTIVE == []
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw_foreach", "adamw_fused"])
+def test_optimizer_steps_inside_the_context_are_seen(optimizer):
+    """A context left open across optimizer steps casts again after each (a global step hook:
+    fused AdamW does not move the weights' version counters): the same training as
+    without it."""
+    if optimizer == "adamw_fused" and not hasattr(torch, "_fused_adamw_"):
+        pytest.skip("no fused AdamW in this torch")
+    leaves, offs = _block("cpu", seed=12)
+    params = [leaves[k] for k in leaves if k not in ("x", "prob")]
+    start = [p.detach().clone() for p in params]
+    batches = _micro_batches(leaves, 3, seed=13)
+
+    def train(context):
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+        make = {"sgd": lambda: torch.optim.SGD(params, lr=0.1),
+                "adamw_foreach": lambda: torch.optim.AdamW(params, lr=1e-2, foreach=True),
+                "adamw_fused": lambda: torch.optim.AdamW(params, lr=1e-2, fused=True)}[optimizer]
+        opt = make()
+        outs = []
+        with context:
+            for x, prob, dy in batches:
+                opt.zero_grad(set_to_none=True)
+                out = run_fp8(dict(leaves, x=x, prob=prob), offs, ACT)
+                out.backward(dy)
+                opt.step()
+                outs.append(out.detach())
+        return outs, [p.detach().clone() for p in params]
+
+    import contextlib
+    want = train(contextlib.nullcontext())
+    casts = fp8.reuse_weight_casts()
+    got = train(casts)
+    assert casts.casts == 2 * len(batches)  # every step changed both weights
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))

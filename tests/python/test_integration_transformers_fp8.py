@@ -89,3 +89,52 @@ def test_what_it_does_not_serve_names_cute_moe():
     ex = hf.experts_modules(hf.model("gpt_oss", hidden=128, inter=40, experts=4).to(BF16))[0]
     with pytest.raises(cmt.UnsupportedExpertsError, match=r"multiples of 16, got 128 and 40"):
         cmt._plan(ex, "fp8")
+
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_trainer_callback_reuses_casts_with_the_same_training(device):
+    """Fp8WeightCastsCallback driven by transformers' CallbackHandler in the order HF's
+    Trainer (5.24, Trainer._inner_training_loop) fires its events with gradient accumulation:
+    on_step_begin at a step's first micro-batch, the micro-batches' forwards and backwards,
+    on_pre_optimizer_step, the AdamW step (fused, which moves no version counter), on_step_end;
+    3 micro-batches a step, 3 steps. Each experts module's two weights are cast once per step
+    (one pass each), the other micro-batches reuse them, and the trained parameters are those
+    of the same loop without the callback, bit for bit. (The Trainer itself, and its
+    TrainingArguments, need accelerate, which the tests do not install.)"""
+    import copy
+    from types import SimpleNamespace
+    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+
+    g = torch.Generator().manual_seed(3)
+    batches = [ids.to(device) for ids in torch.randint(0, SIZES["vocab"], (9, 2, 32), generator=g)]
+    start = hf.model("gpt_oss", **SIZES).to(BF16)
+    steps, micro = 3, 3
+
+    def train(callbacks):
+        m = copy.deepcopy(start).to(device)
+        m.set_experts_implementation("cute_moe_fp8")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+        handler = CallbackHandler(callbacks, m, None, opt, None)
+        args, state, control = SimpleNamespace(), TrainerState(), TrainerControl()  # (no accelerate)
+        for step in range(steps):
+            handler.on_step_begin(args, state, control)
+            for ids in batches[step * micro:(step + 1) * micro]:
+                (m(input_ids=ids, labels=ids).loss / micro).backward()
+            handler.on_pre_optimizer_step(args, state, control)
+            opt.step()
+            m.zero_grad()
+            handler.on_step_end(args, state, control)
+        handler.on_train_end(args, state, control)
+        return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+    want = train([])
+    callback = cmt.Fp8WeightCastsCallback()
+    got = train([callback])
+    modules = len(hf.experts_modules(start))
+    assert callback.casts == steps * modules * 2
+    # per step and weight: its backward, and each later micro-batch's forward and backward
+    assert callback.reuses == steps * modules * 2 * (1 + 2 * (micro - 1))
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name

@@ -25,15 +25,17 @@ from torch import nn
 from transformers import activations as hf_activations
 from transformers.integrations import moe as hf_moe
 from transformers.integrations.moe import ExpertsInterface
+from transformers.trainer_callback import TrainerCallback
 
 from .. import _library
 from ..activations import DEFAULT_ALPHA
 from ..expert_ffn import expert_ffn
+from ..fp8_weight_casts import reuse_weight_casts
 from ..nn.dispatch import permute, sort_by_expert, unpermute
 from ..reference.moe import experts_ref
 
 __all__ = ["NAME", "NAME_FP8", "UnsupportedExpertsError", "register", "prepare",
-           "experts_forward", "experts_forward_fp8"]
+           "experts_forward", "experts_forward_fp8", "Fp8WeightCastsCallback"]
 
 NAME = "cute_moe"
 NAME_FP8 = "cute_moe_fp8"
@@ -53,6 +55,42 @@ def register() -> None:
     module already did it."""
     ExpertsInterface.register(NAME, experts_forward)
     ExpertsInterface.register(NAME_FP8, experts_forward_fp8)
+
+
+class Fp8WeightCastsCallback(TrainerCallback):
+    """For HF's Trainer with gradient accumulation and experts_implementation="cute_moe_fp8":
+    the experts' FP8 weight casts made once per optimizer step and reused by its other
+    micro-batches (cute_moe.fp8.reuse_weight_casts, opened at each step's first micro-batch
+    and closed before the optimizer step). Same results; both e4m3 copies of every FP8
+    experts module's weights stay allocated through the micro-batches (about the bf16
+    weights' bytes). `casts` and `reuses` add up the cast passes made and the copies
+    reused.
+
+        Trainer(model, args, ..., callbacks=[Fp8WeightCastsCallback()])"""
+
+    def __init__(self):
+        self._open = None
+        self.casts = self.reuses = 0
+
+    def _close(self):
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self.casts += self._open.casts
+            self.reuses += self._open.reuses
+            self._open = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._close()
+        self._open = reuse_weight_casts().__enter__()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._close()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._close()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close()
 
 
 class _Plan(NamedTuple):
