@@ -2,7 +2,8 @@
 one fp32 scale per block, amax and scales computed on the device, no host sync, bit for bit
 cute_moe.reference.fp8; and the activation's h from pre, quantized), the ragged-M grouped GEMM
 on their outputs and its fused activation forward and backward, the weight-gradient GEMM; and
-expert_ffn, the expert block in FP8, built from them (fp8_ffn.py). On the CPU or without the op
+expert_ffn, the expert block in FP8, built from them (fp8_ffn.py), with reuse_weight_casts, its
+weight casts made once per optimizer step (fp8_weight_casts.py). On the CPU or without the op
 library, the references run instead."""
 from __future__ import annotations
 

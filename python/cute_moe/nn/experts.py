@@ -39,7 +39,10 @@ class GroupedExperts(nn.Module):
       dtype in forward (a no-op when they already match), so fp32 master weights work.
     precision: "bf16" or "fp8" (the expert GEMMs in FP8 with block scales: cute_moe.expert_ffn's
       precision, docs/fp8.md). "fp8" takes bf16 inputs and impl "auto" or "fused" (on the CPU,
-      or without the op library, the FP8 references run).
+      or without the op library, the FP8 references run). With gradient accumulation, run an
+      optimizer step's micro-batches inside cute_moe.fp8.reuse_weight_casts() to cast the
+      weights once per step (fp32 masters are cast to bf16 anew by every forward, so their
+      FP8 casts are made once per micro-batch, in one pass).
     """
 
     def __init__(self, hidden: int, inter: int, num_experts: int, *,
