@@ -17,8 +17,8 @@ entry: fused AdamW updates the weights without moving their version counters), a
 in place otherwise (its version counter moves) or replaced by another tensor at the same
 address. An entry goes away with its tensor (a weight made afresh by every forward, such as an
 fp32 master cast to bf16, is cast once per micro-batch, both copies in one pass).
-torch.compile'd code casts as without the context (traced code keeps no Python state between
-calls).
+torch.compile'd code and CUDA graph captures cast as without the context (what they record is
+replayed later: it must not read copies that go stale).
 """
 from __future__ import annotations
 
@@ -133,8 +133,14 @@ class reuse_weight_casts:
         return entry.backward
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def _active():
-    if torch.compiler.is_compiling() or not _ACTIVE:
+    # traced or captured code keeps no Python state between calls (a CUDA graph replays the
+    # casts it captured; one that read cached copies would replay them after they went stale)
+    if torch.compiler.is_compiling() or not _ACTIVE or _capturing():
         return None
     return _ACTIVE[-1]
 

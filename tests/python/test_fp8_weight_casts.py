@@ -226,3 +226,39 @@ def test_optimizer_steps_inside_the_context_are_seen(optimizer):
     assert casts.casts == 2 * len(batches)  # every step changed both weights
     assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])  # CUDA graphs
+def test_cuda_graph_capture_casts_as_without(device):
+    """A forward + backward captured inside the context records its own casts (a graph that
+    read cached copies would replay them after the weights changed): replayed after an
+    in-place weight update it gives the eager result of the new weights."""
+    leaves, offs = _block(device, seed=14)
+    (x, prob, dy), = _micro_batches(leaves, 1, seed=15)
+    names = [k for k in leaves if k not in ("x", "prob")]
+    static = dict(leaves, x=x.detach().clone().requires_grad_(), prob=prob.detach().clone())
+
+    def run():
+        out = run_fp8(static, offs, ACT)
+        return (out, *torch.autograd.grad(out, [static[n] for n in names], dy))
+
+    with fp8.reuse_weight_casts() as casts:
+        run()  # fills the cache outside the capture
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run()
+        reused_before = casts.reuses
+        with torch.no_grad():
+            for n in ("w_up", "w_down"):
+                leaves[n].mul_(1.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert casts.reuses == reused_before  # replays do not go through the cache
+    want = run()
+    for a, b in zip(captured, want):
+        assert torch.equal(a, b)
