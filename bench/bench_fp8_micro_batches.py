@@ -107,8 +107,9 @@ def main(argv=None) -> int:
         def of(side):
             return next(x["step_ms"] for x in rows if x["config"] == r["config"]
                         and x["micro_batches"] == r["micro_batches"] and x["side"] == side)
+        per_micro = r["step_ms"] / r["micro_batches"]
         lines.append((r["config"], str(r["micro_batches"]), r["side"], fmt(r["step_ms"], ".2f"),
-                      f"{r['q1_ms']:.2f}..{r['q3_ms']:.2f}", fmt(r["step_ms"] / r["micro_batches"], ".2f"),
+                      f"{r['q1_ms']:.2f}..{r['q3_ms']:.2f}", fmt(per_micro, ".2f"),
                       fmt(of("bf16") / r["step_ms"], ".3f"), fmt(of("fp8") / r["step_ms"], ".3f"),
                       fmt(r["peak_gib"], ".2f"), fmt(r["held_gib"], ".2f")))
     print_columns(lines, left=3)

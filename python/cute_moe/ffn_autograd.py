@@ -197,9 +197,10 @@ class UpProj(torch.autograd.Function):
     exists to handle, under torch.compile too.
     Gathered (rows given; gathered_ok): x holds the tokens and routed row r is x[rows[r]],
     read by the gathered GEMM (gather_in_gemm) or copied out by a gather pass whose copy
-    is freed after the GEMM (the same bits; GATHER_IN_GEMM above). The backward sums each token's rows of the input gradient, through
-    token_rows (T, k) when given (deterministic, cute_moe.permute's gather-sum), else with
-    index_add_; it gathers x[rows] once more for the weight gradient.
+    is freed after the GEMM (the same bits; GATHER_IN_GEMM above). The backward sums each
+    token's rows of the input gradient, through token_rows (T, k) when given
+    (deterministic, cute_moe.permute's gather-sum), else with index_add_; it gathers
+    x[rows] once more for the weight gradient.
     bias_grad_elsewhere: the bias's gradient comes from DownProj (its fused backward sums
     dpre's columns in its epilogue, given up_bias) and this backward returns none; only
     where h is not differentiable (pre's gradient is then DownProj's dpre, whole).

@@ -89,18 +89,18 @@ class _DpreCopy:
 
 
 class _Fp8UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up, act, link, rows, token_rows, train) -> (h_q, h_scale, pre): pre = x W_up +
-    b_up (over x[rows] where rows is given: x's 1x128 copy gathers the rows, the sorted bf16 copy
-    is never made; the backward sums each token's rows of dx and gathers x again for the bf16
-    weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
-    projection's operand) from one pass over pre
-    (act_quantize_1x128: the bits of quantize_1x128 of the fused up projection's h, which cost
-    more in its cooperative kernel's epilogue than the pass; docs/perf-notes.md, session 26).
-    h is never stored in bf16. h_q and h_scale only feed _Fp8DownProj, which hands pre its
-    gradient: they are non-differentiable. Keeps x's 128x1 copy for the weight gradient (the
-    bf16 x on the bf16 weight-gradient path) and the inputs; casts W_up's as-is copy again in
-    the backward (in a reuse_weight_casts context, where `train` (grad mode at the call) says a
-    backward may follow, the forward's cast writes it too and the context keeps it)."""
+    """(x, W_up, offs, b_up, act, link, rows, token_rows, train) -> (h_q, h_scale, pre):
+    pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy gathers the rows, the
+    sorted bf16 copy is never made; the backward sums each token's rows of dx and gathers x again
+    for the bf16 weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
+    projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
+    of the fused up projection's h, which cost more in its cooperative kernel's epilogue than the
+    pass; docs/perf-notes.md, session 26). h is never stored in bf16. h_q and h_scale only feed
+    _Fp8DownProj, which hands pre its gradient: they are non-differentiable. Keeps x's 128x1 copy
+    for the weight gradient (the bf16 x on the bf16 weight-gradient path) and the inputs; casts
+    W_up's as-is copy again in the backward (in a reuse_weight_casts context, where `train` (grad
+    mode at the call) says a backward may follow, the forward's cast writes it too and the context
+    keeps it)."""
 
     @staticmethod
     def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows, train):
@@ -161,13 +161,14 @@ class _Fp8UpProj(torch.autograd.Function):
 
 
 class _Fp8DownProj(torch.autograd.Function):
-    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine, train) -> y = prob * (h W_down
-    + b_down), FP8 (h by its 1x128 copy), with a combine (row_token, token_rows) summed per token
-    (out[t] = sum_j y[token_rows[t, j]]). Keeps pre, not h: the backward's one FP8 kernel gives
-    (dpre, prob * h, dprob) (dh = prob * Q(dy) W_down^T, dpre = act'(pre) dh, dprob = <act(pre),
-    Q(dy) W_down^T> + <dy, b_down>, dy = dout[row_token] after a combine) and returns dpre as
-    pre's gradient, none for h. Autograd frees pre after this backward, before _Fp8UpProj's
-    allocates dW_up (as the bf16 block does). W_down's casts as _Fp8UpProj's W_up."""
+    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine, train) ->
+    y = prob * (h W_down + b_down), FP8 (h by its 1x128 copy), with a combine (row_token,
+    token_rows) summed per token (out[t] = sum_j y[token_rows[t, j]]). Keeps pre, not h: the
+    backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy) W_down^T, dpre =
+    act'(pre) dh, dprob = <act(pre), Q(dy) W_down^T> + <dy, b_down>, dy = dout[row_token] after a
+    combine) and returns dpre as pre's gradient, none for h. Autograd frees pre after this
+    backward, before _Fp8UpProj's allocates dW_up (as the bf16 block does). W_down's casts as
+    _Fp8UpProj's W_up."""
 
     @staticmethod
     def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train):

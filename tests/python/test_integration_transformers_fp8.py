@@ -116,7 +116,8 @@ def test_trainer_callback_reuses_casts_with_the_same_training(device):
         m.set_experts_implementation("cute_moe_fp8")
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
         handler = CallbackHandler(callbacks, m, None, opt, None)
-        args, state, control = SimpleNamespace(), TrainerState(), TrainerControl()  # (no accelerate)
+        # (TrainingArguments needs accelerate too: the callback reads no argument)
+        args, state, control = SimpleNamespace(), TrainerState(), TrainerControl()
         for step in range(steps):
             handler.on_step_begin(args, state, control)
             for ids in batches[step * micro:(step + 1) * micro]:
