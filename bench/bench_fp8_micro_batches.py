@@ -5,6 +5,8 @@
 #   fp8         precision "fp8": each weight cast to e4m3 twice per micro-batch
 #   fp8 reuse   precision "fp8" inside cute_moe.fp8.reuse_weight_casts(), opened once per step:
 #               each weight cast once per step (both copies in one pass), held until the step ends
+#   with --fp8-weight-grads also "fp8w" and "fp8w reuse": the same with the weight gradients on
+#               the FP8 ragged-K GEMM (fp8_ffn.FP8_WEIGHT_GRADS)
 # on the same layer object, parameter tensors and micro-batches (distinct random tokens each),
 # sides timed step by step in turn (cute_moe.bench.runner.alternating_ms). A step is what a
 # training loop runs between two optimizer steps: k x (forward, backward with the parameters'
@@ -14,7 +16,7 @@
 # layer). Checks first that fp8 reuse gives fp8's bits (outputs and every gradient).
 #
 #   python bench/bench_fp8_micro_batches.py [--configs gpt-oss-20b,qwen3-30b-a3b] [--micro 1,2,4,8]
-#                                           [--reps 10] [--json out.json]
+#                                           [--reps 10] [--fp8-weight-grads] [--json out.json]
 from __future__ import annotations
 
 import argparse
@@ -25,11 +27,13 @@ import torch
 
 from common import fmt, print_columns, run_meta, write_json
 import cute_moe
+from cute_moe import fp8_ffn
 from cute_moe.bench.configs import CONFIGS
 from cute_moe.bench.runner import alternating_ms, build, call_step, peak_bytes
 
 
-def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int) -> list[dict]:
+def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int,
+                 fp8_weight_grads: bool = False) -> list[dict]:
     cfg = CONFIGS[name]
     layer, _, x0, dy = build(cfg, "cuda", seed)
     del x0
@@ -39,9 +43,10 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int)
           .requires_grad_() for _ in range(max(micro))]
     held = {}
 
-    def step(precision, reuse, k, record=None):
+    def step(precision, reuse, k, record=None, fp8w=False):
         def run():
             layer.experts.precision = precision  # read by the experts' forward
+            fp8_ffn.FP8_WEIGHT_GRADS = fp8w  # read by each forward
             for p in params:
                 p.grad = None
             with (cute_moe.fp8.reuse_weight_casts() if reuse else contextlib.nullcontext()) as c:
@@ -70,13 +75,17 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int)
     for k in micro:
         sides = {"bf16": step("bf16", False, k), "fp8": step("fp8", False, k),
                  "fp8 reuse": step("fp8", True, k)}
+        if fp8_weight_grads:
+            sides["fp8w"] = step("fp8", False, k, fp8w=True)
+            sides["fp8w reuse"] = step("fp8", True, k, fp8w=True)
         ms = alternating_ms({s: call_step(f) for s, f in sides.items()}, reps, warmup)
         for side, f in sides.items():
             peak = peak_bytes(f, True)
             rows.append(dict(config=name, micro_batches=k, side=side, step_ms=ms[side][0],
                              q1_ms=ms[side][1], q3_ms=ms[side][2], peak_gib=peak / 2 ** 30,
-                             held_gib=held[k] / 2 ** 30 if side == "fp8 reuse" else None))
+                             held_gib=held[k] / 2 ** 30 if side.endswith("reuse") else None))
     layer.experts.precision = "bf16"
+    fp8_ffn.FP8_WEIGHT_GRADS = False
     return rows
 
 
@@ -88,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp8-weight-grads", action="store_true",
+                    help="also the FP8 sides with their weight gradients in FP8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -96,7 +107,7 @@ def main(argv=None) -> int:
     micro = [int(k) for k in args.micro.split(",")]
     rows = []
     for name in args.configs.split(","):
-        rows += bench_config(name, micro, args.reps, args.warmup, args.seed)
+        rows += bench_config(name, micro, args.reps, args.warmup, args.seed, args.fp8_weight_grads)
         print(f"# {name} done", file=sys.stderr)
     print(f"MoE layer, one optimizer step's k micro-batches (forward + backward each); "
           f"{torch.cuda.get_device_name()}; median of {args.reps} steps per side, sides in turn; "
@@ -114,7 +125,8 @@ def main(argv=None) -> int:
                       fmt(r["peak_gib"], ".2f"), fmt(r["held_gib"], ".2f")))
     print_columns(lines, left=3)
     if args.json:
-        write_json(args.json, run_meta(reps=args.reps, micro=args.micro), rows)
+        write_json(args.json, run_meta(reps=args.reps, micro=args.micro,
+                                       fp8_weight_grads=args.fp8_weight_grads), rows)
     return 0
 
 
