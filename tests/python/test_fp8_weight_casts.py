@@ -4,7 +4,8 @@
 # accumulated in .grad; the number of cast passes; a weight changed in place inside the context
 # cast again (a stale copy would give other numbers); what it holds, and nothing after it closes;
 # weights made afresh by every forward (an fp32 master cast to bf16) leave no entries behind;
-# forward-only calls cast one copy; torch.compile'd code casts as without the context.
+# forward-only calls cast one copy; optimizer steps (SGD, AdamW foreach and fused) inside the
+# context; torch.compile'd code and CUDA graph captures cast as without the context.
 import gc
 
 import pytest
