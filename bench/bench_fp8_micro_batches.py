@@ -42,6 +42,7 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int,
     xs = [torch.randn(cfg.tokens, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
           .requires_grad_() for _ in range(max(micro))]
     held = {}
+    setting = fp8_ffn.FP8_WEIGHT_GRADS  # restored at the end
 
     def step(precision, reuse, k, record=None, fp8w=False):
         def run():
@@ -85,7 +86,7 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int,
                              q1_ms=ms[side][1], q3_ms=ms[side][2], peak_gib=peak / 2 ** 30,
                              held_gib=held[k] / 2 ** 30 if side.endswith("reuse") else None))
     layer.experts.precision = "bf16"
-    fp8_ffn.FP8_WEIGHT_GRADS = False
+    fp8_ffn.FP8_WEIGHT_GRADS = setting
     return rows
 
 
