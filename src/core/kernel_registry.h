@@ -132,6 +132,8 @@ struct LaunchContext {
   float* col_partial = nullptr; // act backward: dpre's column-sum partials (sm90/tile_column_sums.cuh),
   int64_t col_partial_ld = 0;   //   rows col_partial_ld floats apart; null: none
   BlockScaleStrides scales;     // FP8 variants only
+  uint32_t d_smem_offset = 0;   // set by GroupedGemmTypes::arguments: the collective epilogue's D buffer,
+                                //   in bytes from the kernel's shared memory (Sm90StoreD stages D there)
 };
 
 // Defined per arch (sm90/kernel_instance.cuh) and instantiated by the generated units.

@@ -203,6 +203,11 @@ struct FixedTmaStore {
   // The tile (m, n) of group l (args: the collective's ConsumerStoreArgs).
   template <bool ReferenceSrc, class Args>
   CUTLASS_DEVICE static auto tile(Params const* params, SharedStorage& storage, Args const& args) {
+    return tile<ReferenceSrc>(params, storage.smem.data(), args);
+  }
+  // The same over a buffer laid out as SharedStorage::smem that the caller owns.
+  template <bool ReferenceSrc, class Args>
+  CUTLASS_DEVICE static auto tile(Params const* params, Element* smem, Args const& args) {
     using namespace cute;
     const int m = get<0>(args.tile_coord_mnkl), n = get<1>(args.tile_coord_mnkl), l = get<3>(args.tile_coord_mnkl);
     constexpr int kCtaM = decltype(size<0>(args.tile_shape_mnk))::value;
@@ -223,48 +228,62 @@ struct FixedTmaStore {
     if constexpr (kColumnsPerPair == 2) {
       Tensor regs = make_tensor<Element>(take<0, 3>(shape(partition)));  // (CPY,CPY_M,CPY_N)
       Tensor s_epi = as_position_independent_swizzle_tensor(
-          make_tensor(make_smem_ptr(storage.smem.data()), SmemLayout{}));  // (EPI_TILE_M,EPI_TILE_N,PIPE)
+          make_tensor(make_smem_ptr(smem), SmemLayout{}));  // (EPI_TILE_M,EPI_TILE_N,PIPE)
       auto tiled_r2s = conditional_return<ReferenceSrc>(make_tiled_copy_S(Copy_Atom<CopyOpR2S, Element>{}, args.tiled_copy),
                                                         make_tiled_copy_D(Copy_Atom<CopyOpR2S, Element>{}, args.tiled_copy));
       Tensor smem_r2s = tiled_r2s.get_slice(args.thread_idx).partition_D(s_epi);
       return TileStore<decltype(regs), decltype(tiled_r2s), decltype(smem_r2s), CtaTile>{
-          regs, tiled_r2s, smem_r2s, storage.smem.data(), params, row0, col0, group};
+          regs, tiled_r2s, smem_r2s, smem, params, row0, col0, group};
     } else {
       constexpr int kValues = decltype(size(take<0, 3>(shape(partition))))::value / 2;
       const int32_t first_m = int32_t(get<0>(args.problem_shape_mnkl)) - int32_t(get<0>(args.residue_tCcD)) - m * kCtaM;
       const int32_t first_n = int32_t(get<1>(args.problem_shape_mnkl)) - int32_t(get<1>(args.residue_tCcD)) - n * kCtaN;
       return PairTileStore<decltype(args.tCcD), kValues, CtaTile>{
-          {}, args.tCcD, first_m, first_n, storage.smem.data(), params, row0, col0, group};
+          {}, args.tCcD, first_m, first_n, smem, params, row0, col0, group};
     }
   }
 };
+
+// The start of the kernel's dynamic shared memory, where CUTLASS's kernels place their
+// SharedStorage (every extern __shared__ array of a kernel begins there).
+CUTLASS_DEVICE char* kernel_smem_base() {
+  extern __shared__ char cute_moe_kernel_smem[];
+  return cute_moe_kernel_smem;
+}
 
 // D itself through a FixedTmaStore: the root of an epilogue tree whose child computes the
 // output in fp32. The kernel's collective then has no D (ElementD void), which removes its
 // per-group D descriptor, rewritten (after waiting for every TMA store in flight) whenever
 // a CTA's next tile belongs to another group. Same bits: one rounding to Element.
+//
+// Its staging buffer is the collective's own D buffer: CUTLASS's ptr-array epilogue keeps
+// that buffer (the subtile's shape and stages, of the tree's ElementAux, with the same swizzle)
+// in its shared storage even when D is void, and never touches it then. Reusing it gives the
+// mainloop back the bytes a second copy took (a stage of the FP8 kernels). The kernel type is
+// not known here, so the buffer's byte offset in the kernel's shared memory is a parameter
+// (LaunchContext::d_smem_offset, which GroupedGemmTypes sets; kernel_instance.cuh).
 template <class Element, class EpiTile, int kStages, OutputRows kRows = OutputRows::kRagged>
 struct Sm90StoreD : NodeWithoutLoads {
   using Store = FixedTmaStore<Element, EpiTile, kStages, 2, kRows>;
-  using ElementAux = Element;  // CUTLASS takes a void D's element from the tree's root
+  using ElementAux = Element;  // CUTLASS takes a void D's element (and its D buffer's) from the tree's root
   struct Arguments {
     OutputMatrix d;
     const int32_t* offs = nullptr;  // device: cumulative end rows per group
+    uint32_t smem_offset = 0;       // bytes from the kernel's shared memory to the collective's D buffer
   };
-  struct SharedStorage {
-    typename Store::SharedStorage d;
+  struct SharedStorage {};
+  struct Params {
+    typename Store::Params store;
+    uint32_t smem_offset = 0;
   };
-  using Params = typename Store::Params;
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    return Store::to_params(a.d, a.offs);
+    return {Store::to_params(a.d, a.offs), a.smem_offset};
   }
 
   Params const* params = nullptr;  // in place: the TMA descriptor stays in parameter space
-  SharedStorage* storage = nullptr;
   CUTLASS_HOST_DEVICE Sm90StoreD() {}
-  CUTLASS_HOST_DEVICE Sm90StoreD(Params const& p, SharedStorage const& s)
-      : params(&p), storage(const_cast<SharedStorage*>(&s)) {}
+  CUTLASS_HOST_DEVICE Sm90StoreD(Params const& p, SharedStorage const&) : params(&p) {}
 
   template <class DStore>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
@@ -289,7 +308,8 @@ struct Sm90StoreD : NodeWithoutLoads {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto d_store = Store::template tile<ReferenceSrc>(params, storage->d, args);
+    Element* buffer = reinterpret_cast<Element*>(kernel_smem_base() + params->smem_offset);
+    auto d_store = Store::template tile<ReferenceSrc>(&params->store, buffer, args);
     return ConsumerStoreCallbacks<decltype(d_store)>(d_store);
   }
 };

@@ -335,12 +335,16 @@ struct Fp8BlockScaledMainloopOf {
   }
 };
 
-// The plain FP8 GEMM's epilogue: the ragged-M one with three D store stages (of four subtiles)
-// and each subtile's TMA store issued after the next one's math. 1.01-1.035x on the H100 at
-// Qwen3-30B-A3B and GPT-OSS-20B's down projection, the same bits (docs/perf-notes.md, session
-// 27); the 16 KB this adds leave the mainloop its five stages (four D stages would not).
+// The plain FP8 GEMM's epilogue: the ragged-M one with 128 x 64 subtiles (two per tile) in
+// two D store stages, each subtile's TMA store issued after the next one's math. Half the
+// subtiles of CUTLASS's 128 x 32 choice, so half the barriers, fences and store issues a
+// tile's epilogue spends while both warpgroups' tensor cores idle: 1.006-1.03x at the models'
+// shapes on the H100 against four 128 x 32 subtiles in three stages (docs/perf-notes.md,
+// session 30), the same bits. The 32 KB fit beside the mainloop's five stages because D's
+// buffer is the collective's own (Sm90StoreD, fixed_tma_store.cuh).
 struct Fp8RaggedMEpilogue : RaggedMEpilogue {
-  static constexpr int kStagesD = 3;
+  using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+  static constexpr int kStagesD = 2;
   static constexpr bool kDelayTmaStore = true;
 };
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous

@@ -29,6 +29,7 @@
 //   except in the fused backward, whose dpre shares the collective's C buffers.
 #pragma once
 
+#include <cstddef>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -93,6 +94,15 @@ template <class Epilogue, class = void>
 constexpr bool delay_tma_store_v = false;
 template <class Epilogue>
 constexpr bool delay_tma_store_v<Epilogue, std::void_t<decltype(Epilogue::kDelayTmaStore)>> = Epilogue::kDelayTmaStore;
+// Its epilogue subtile (EpilogueTile, an (M, N) shape; else CUTLASS's choice).
+template <class Epilogue, class = void>
+struct epilogue_tile {
+  using type = cutlass::epilogue::collective::EpilogueTileAuto;
+};
+template <class Epilogue>
+struct epilogue_tile<Epilogue, std::void_t<typename Epilogue::EpilogueTile>> {
+  using type = typename Epilogue::EpilogueTile;
+};
 // Whether an epilogue's tree writes D itself (kWritesD): then the collective's D is void.
 template <class Epilogue, class = void>
 constexpr bool writes_d_v = false;
@@ -209,7 +219,7 @@ struct GroupedGemmTypes {
   using ProblemShape = std::conditional_t<Traits::kDynamicSchedule, DynamicGroupProblemShape<cute::Shape<int, int, int>>,
                                           cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>>;
   using EpiDesc = EpilogueDescOf<cutlass::epilogue::collective::detail::EpilogueDescriptor<
-      TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, EpilogueSchedule>,
+      TileShape, typename epilogue_tile<typename Traits::Epilogue>::type, ElementC, ElementD, EpilogueSchedule>,
       typename Traits::Epilogue>;
   using EpilogueTree = typename Traits::Epilogue::template Tree<TileShape, ElementD, EpiDesc>;
   // CUTLASS's builder, with the variant's stage counts and store delay where it sets them
@@ -230,6 +240,17 @@ struct GroupedGemmTypes {
   using CollectiveMainloop = typename Traits::Mainloop::template type<BuiltCollectiveMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  // Where the collective epilogue's D buffer lies in the kernel's shared memory (its
+  // SharedStorage starts the dynamic shared memory): a tree that writes D itself stages its
+  // subtiles there (Sm90StoreD, fixed_tma_store.cuh), since a void D leaves that buffer unused.
+  using KernelTensorStorage = typename Kernel::SharedStorage::TensorStorage;
+  static constexpr size_t kCollectiveDOffset =
+      offsetof(typename Kernel::SharedStorage, tensors) + offsetof(KernelTensorStorage, epilogue) +
+      offsetof(typename CollectiveEpilogue::TensorStorage, collective);
+  static_assert(!kTreeWritesD ||
+                    sizeof(typename CollectiveEpilogue::TensorStorage::CollectiveStorage) >=
+                        size_t(cute::size(typename EpiDesc::EpilogueTile{})) * EpiDesc::StagesD * sizeof(ElementD),
+                "the collective's D buffer holds the tree's D subtiles");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   using StrideA = typename Kernel::InternalStrideA;
@@ -273,8 +294,10 @@ struct GroupedGemmTypes {
       args.scheduler.dynamic = ctx.dynamic_schedule;
       args.scheduler.lookahead = ctx.schedule_lookahead;
     }
+    LaunchContext epilogue_ctx = ctx;
+    epilogue_ctx.d_smem_offset = kCollectiveDOffset;
     args.epilogue.thread =
-        Traits::Epilogue::template arguments<decltype(args.epilogue.thread)>(g, ctx);
+        Traits::Epilogue::template arguments<decltype(args.epilogue.thread)>(g, epilogue_ctx);
     return args;
   }
 };

@@ -20,7 +20,7 @@ struct RaggedKEpilogue {
       ScaledBiasTree<TileShape, float>>;
   template <class Args>
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
-    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.d, nullptr}};
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g), {ctx.d, nullptr, ctx.d_smem_offset}};
   }
 };
 

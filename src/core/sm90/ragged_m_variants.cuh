@@ -23,7 +23,7 @@ struct RaggedMEpilogue {
   static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
     return {{{reinterpret_cast<const float* const*>(g.row_scale), 1.0f, {}},
              scaled_bias_arguments<decltype(Args{}.op_0.op_1)>(g), {}},
-            {ctx.d, ctx.whole.offs}};
+            {ctx.d, ctx.whole.offs, ctx.d_smem_offset}};
   }
 };
 
