@@ -7,8 +7,8 @@
 #   - the permute gathers (gather_rows, gather_sum_rows, gather_rows_dot);
 #   - the MoE layer forward + backward (router, dispatch, column sums for the bias
 #     gradients, the router-probability gradient reduction, combine), both gather modes;
-#   - the FP8 quantizers (the 128x1 one writing both copies) and the FP8 expert block
-#     forward + backward with its weight gradients in bf16 and in FP8.
+#   - the FP8 quantizers (the 128x1 one writing both copies, the 1x128 one with column sums)
+#     and the FP8 expert block forward + backward with its weight gradients in bf16 and in FP8.
 # Fails (exit 1) on any report or any test failure. Logs go to $OUT (default
 # /tmp/cute_moe_sanitize). Runs on the GPU machine; the results are in docs/sanitizers.md.
 #   usage: bash scripts/sanitize.sh [memcheck racecheck synccheck]
@@ -28,8 +28,10 @@ SLICE=(
   "tests/python/test_permute_gpu.py::test_gather_rows_dot[8-520]"
   "tests/python/test_moe_gpu.py::test_moe_matches_reference[gpt-oss-skewed]"
   "tests/python/test_moe_gpu.py::test_moe_matches_reference[none-3d]"
-  "tests/python/test_moe_gpu.py::test_fuse_gather_gives_the_same_bits[srelu]"
+  "tests/python/test_moe_gpu.py::test_fuse_gather_gives_the_same_bits[srelu-gather_pass]"
+  "tests/python/test_moe_gpu.py::test_fuse_gather_gives_the_same_bits[srelu-gathered_gemm]"
   tests/python/test_fp8_quantize_gpu.py::test_quantize_1x128_128x1_is_both_quantizers
+  tests/python/test_fp8_quantize_gpu.py::test_quantize_1x128_column_sums_is_both_ops
   tests/python/test_fp8_ffn_gpu.py::test_matches_quantized_reference
 )
 

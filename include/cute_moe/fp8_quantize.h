@@ -14,6 +14,9 @@
 //                          FP8 tensor cores read)
 //   act_quantize_fp8_1x128 the up projection's activation and h's 1x128 quantization in one
 //                          pass over pre (the down projection's FP8 operand)
+//   quantize_fp8_1x128_column_sums
+//                          1x128 of rows sorted by group, with each group's column sums (a
+//                          bias gradient) from the same read
 // The amax and the scales are computed on the device (no host sync; CUDA-graph safe).
 // Requirements: bf16 input with unit column stride, row stride and column count multiples
 // of 16 elements and 16-byte aligned base pointers (the fp8 outputs are 16-byte rows of the
@@ -21,6 +24,7 @@
 // validates on the host and returns a Result naming the bad argument.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -108,6 +112,19 @@ struct QuantizeFp8GroupColumnsArgs {
   float* q_scale = nullptr;         // with q: (rows, ceil(cols / 128)), contiguous
 };
 
+// quantize_fp8_1x128 of rows sorted by group (rows.index must be null) with, from the same read
+// of each row, each group's column sums in fp32: sums[g, :] = the sum of rows offs[g - 1] ..
+// offs[g] - 1 (offs[-1] = 0), each column's rows added in row order, the chunks of 128 rows in
+// chunk order (group_column_sum's scheme: deterministic, the same bits). In the FP8 block the
+// up projection's bias gradient and its input-gradient operand both come from dpre, read once.
+// Rows at or past offs[num_groups - 1] are quantized, not summed; an empty group's sums are 0.
+struct QuantizeFp8RowsColumnSumsArgs {
+  QuantizeFp8RowsArgs rows;
+  int32_t num_groups = 0;
+  const int32_t* offs = nullptr;  // device, num_groups cumulative end rows
+  float* sums = nullptr;          // fp32 (num_groups, rows.cols), contiguous
+};
+
 // The blocks of quantize_fp8_128x1 for m rows in num_groups groups (an upper bound, known
 // without the routing).
 inline int64_t fp8_group_row_blocks(int64_t rows, int32_t num_groups) { return (rows + 127) / 128 + num_groups; }
@@ -117,10 +134,18 @@ Result validate(const QuantizeFp8RowsArgs& args);
 Result validate(const QuantizeFp8TilesArgs& args);
 Result validate(const QuantizeFp8GroupColumnsArgs& args);
 Result validate(const ActQuantizeFp8RowsArgs& args);
+Result validate(const QuantizeFp8RowsColumnSumsArgs& args);
+
+// fp32 scratch of quantize_fp8_1x128_column_sums (its column sums' partials), in bytes.
+Result workspace_size(const QuantizeFp8RowsColumnSumsArgs& args, size_t* bytes);
 
 Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& args, cudaStream_t stream);
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& args, cudaStream_t stream);
 Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& args, cudaStream_t stream);
 Result act_quantize_fp8_1x128(const ActQuantizeFp8RowsArgs& args, cudaStream_t stream);
+// workspace: 16-byte aligned device memory of workspace_size() bytes, free again once the
+// stream has passed this call.
+Result quantize_fp8_1x128_column_sums(const QuantizeFp8RowsColumnSumsArgs& args, void* workspace,
+                                      size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace cute_moe

@@ -15,14 +15,16 @@ from .ops.checks import check_offs_values
 from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
                       check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
-                      check_quantize_128x1_args, check_quantize_1x128_args, reference_1x128,
-                      reference_128x1, reference_1x128_128x1, reference_128x128,
+                      check_quantize_128x1_args, check_quantize_1x128_args,
+                      check_quantize_1x128_column_sums_args, reference_1x128,
+                      reference_128x1, reference_1x128_128x1, reference_1x128_column_sums,
+                      reference_128x128,
                       reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
                       reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
-           "act_quantize_1x128",
+           "quantize_1x128_column_sums", "act_quantize_1x128",
            "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn",
            "reuse_weight_casts"]
 
@@ -95,6 +97,19 @@ def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor, tile_scales: bool 
     if _op(x):
         return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales)
     return reference_1x128_128x1(x, offs, tile_scales)
+
+
+def quantize_1x128_column_sums(x: torch.Tensor, offs: torch.Tensor):
+    """quantize_1x128(x) and each group's column sums from one read of x: (q, scale, sums), sums
+    (E, n) float32 with sums[e] = the sum of group e's rows (offs (E,) int32 cumulative end rows;
+    rows past offs[-1] quantized, not summed; an empty group's sums zero), the same bits as
+    quantize_1x128(x) and the bias-gradient column sums (deterministic: a fixed order, no
+    atomics). In the FP8 block, dpre's copy for the up projection's input gradient and the
+    gradient of its bias. n a multiple of 16. No host sync on CUDA."""
+    check_quantize_1x128_column_sums_args(x, offs)
+    if _op(x):
+        return torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x, offs)
+    return reference_1x128_column_sums(x, offs)
 
 
 def grouped_mm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

@@ -18,8 +18,9 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down projection's input
 # gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel
 # (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias gradients are
-# fp32 column sums of the bf16 dpre and dy. On the CPU (or without the op library) cute_moe.fp8 runs
-# its references.
+# fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes dpre's 1x128 copy,
+# quantize_1x128_column_sums, where the weight gradient is bf16). On the CPU (or without the op
+# library) cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,8 @@ from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import (Act, _column_sum, _combine, _gather, _output_grads, _param_grads,
                            _token_grads)
 from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
-                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_128x1)
+                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_1x128_column_sums,
+                  quantize_128x1)
 from .fp8_weight_casts import backward_operand, forward_operand
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
@@ -135,17 +137,22 @@ class _Fp8UpProj(torch.autograd.Function):
         dpre = dpre.contiguous()
         copy = ctx.link.take(dpre) if ctx.link is not None else None  # dpre's 1x128, if fused
         if xq_t is None:  # the bf16 weight gradient (or none)
-            dx = None
+            dx = db = None
             if need_x:
-                dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
+                if copy is None and need_b:  # dpre's 1x128 copy and b_up's gradient from one read
+                    dq, d_scale, db = quantize_1x128_column_sums(dpre, offs)
+                    db = db.to(ctx.bias_dtype)
+                else:
+                    dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
                 dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
                 del dq, d_scale, copy
                 if rows is not None:
                     dx = _token_grads(dx, rows, token_rows, ctx.num_tokens)
             if rows is not None and need_w:
                 x = _gather(x, rows)
-            dw, db, _ = _param_grads(x, dpre, offs, w_up, need_w, ctx.bias_dtype if need_b else None)
-            return dx, dw, None, db, *none[4:]
+            dw, db_w, _ = _param_grads(x, dpre, offs, w_up, need_w,
+                                       ctx.bias_dtype if need_b and db is None else None)
+            return dx, dw, None, db if db is not None else db_w, *none[4:]
         dx = None
         if need_x and copy is None:
             dq, d_scale, dq_t, d_scale_t = _quantized(dpre, offs, True, True)

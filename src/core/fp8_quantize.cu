@@ -11,42 +11,16 @@
 #include "launch_result.h"
 #include "act_functors.h"  // generated: ActFunctor<Act> -> functor of activations.h
 #include "checked_row.cuh"
+#include "column_sum_quantize.h"
 #include "fp8_block_math.cuh"
+#include "fp8_rows_math.cuh"
+#include "group_column_sum.h"  // column_sum_workspace_bytes
 
 namespace cute_moe {
 
 namespace {
 
-using namespace fp8_math;  // kBlock, nan_max, block_scale, ScaleDivisor, e4m3x2
-
-// Eight quotients divide(x[j], j) as e4m3 bytes, x[0] lowest.
-template <class Divide>
-__device__ __forceinline__ uint2 e4m3x8(const float (&x)[8], Divide divide) {
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) w[j] = e4m3x2(divide(x[2 * j], 2 * j), divide(x[2 * j + 1], 2 * j + 1));
-  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
-}
-
-// e4m3x8 with one scale for the eight; the test on the scale is outside the element loop.
-__device__ __forceinline__ uint2 e4m3x8(const float (&x)[8], const ScaleDivisor& d, bool fast) {
-  return fast ? e4m3x8(x, [&](float v, int) { return d.fast(v); }) : e4m3x8(x, [&](float v, int) { return d.exact(v); });
-}
-
-// Pair p (columns 2p, 2p + 1) of eight bf16 loaded as one uint4.
-__device__ __forceinline__ __nv_bfloat162 bf16_pair(const uint4& v, int p) {
-  const uint32_t w = p == 0 ? v.x : p == 1 ? v.y : p == 2 ? v.z : v.w;
-  return *reinterpret_cast<const __nv_bfloat162*>(&w);
-}
-
-__device__ __forceinline__ void to_float(const uint4& v, float (&x)[8]) {
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const float2 f = __bfloat1622float2(bf16_pair(v, p));
-    x[2 * p] = f.x;
-    x[2 * p + 1] = f.y;
-  }
-}
+using namespace fp8_math;  // kBlock, nan_max, block_scale, ScaleDivisor, e4m3x2, e4m3x8, to_float
 
 // The largest magnitude of eight bf16 (a NaN among them: NaN), in fp32.
 __device__ __forceinline__ float bf16_abs_max(const uint4& v) {
@@ -105,16 +79,7 @@ __global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p,
   }
   float x[8] = {};
   if (inside) Source::load(static_cast<const __nv_bfloat16*>(a.src) + src_row * a.ld_src, col, p, x);
-  float amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) amax = nan_max(amax, fabsf(x[j]));
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within each half
-  const float scale = block_scale(amax);
-  if (inside) {
-    const ScaleDivisor div{scale, 1.0f / scale};
-    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.q) + row * a.ld_q + col) = e4m3x8(x, div, ScaleDivisor::fast_for(scale));
-  }
+  const float scale = quantize_half_warp_block(x, inside, static_cast<uint8_t*>(a.q) + row * a.ld_q + col);
   const int64_t blk = 2 * span + (lane >> 4);
   if ((lane & 15) == 0 && blk < blocks_per_row) a.scale[row * blocks_per_row + blk] = scale;
 }
@@ -433,6 +398,35 @@ Result act_quantize_fp8_1x128(const ActQuantizeFp8RowsArgs& a, cudaStream_t stre
     case Activation::kIdentity: return launch_act_rows<detail::Act::Identity>(a, stream);
   }
   return Result::error(Status::kInvalidArgument, "act_quantize_fp8_1x128: unknown activation");
+}
+
+Result workspace_size(const QuantizeFp8RowsColumnSumsArgs& a, size_t* bytes) {
+  Result r = validate(a);
+  if (r.ok()) *bytes = detail::column_sum_workspace_bytes(a.rows.rows, a.rows.cols, a.num_groups);
+  return r;
+}
+
+Result quantize_fp8_1x128_column_sums(const QuantizeFp8RowsColumnSumsArgs& a, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream) {
+  Result r = validate(a);
+  if (!r.ok() || a.rows.cols == 0) return r;
+  const size_t need = detail::column_sum_workspace_bytes(a.rows.rows, a.rows.cols, a.num_groups);
+  if (workspace_bytes < need || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return Result::error(Status::kInvalidArgument, "quantize_fp8_1x128_column_sums: workspace must be a 16-byte aligned "
+                                                   "device pointer to at least " + std::to_string(need) + " bytes, got " +
+                                                   std::to_string(workspace_bytes));
+  }
+  GroupColumnSumArgs sums;
+  sums.m = a.rows.rows;
+  sums.n = a.rows.cols;
+  sums.num_groups = a.num_groups;
+  sums.offs = a.offs;
+  sums.src = a.rows.src;
+  sums.ld = a.rows.ld_src;
+  sums.out = a.sums;
+  const detail::RowsFp8Copy copy{a.rows.q, a.rows.ld_q, a.rows.scale};
+  const cudaError_t err = detail::launch_group_column_sum_quantize(sums, copy, static_cast<float*>(workspace), stream);
+  return err == cudaSuccess ? Result::success() : detail::cuda_error("quantize_fp8_1x128_column_sums launch", err);
 }
 
 Result quantize_fp8_128x128(const QuantizeFp8TilesArgs& a, cudaStream_t stream) {

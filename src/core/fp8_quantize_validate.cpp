@@ -95,4 +95,16 @@ Result validate(const ActQuantizeFp8RowsArgs& a) {
   return c.result();
 }
 
+Result validate(const QuantizeFp8RowsColumnSumsArgs& a) {
+  Result rows = validate(a.rows);
+  if (!rows.ok()) return Result::error(rows.status, "quantize_fp8_1x128_column_sums: " + rows.message);
+  Rules c("quantize_fp8_1x128_column_sums");
+  c.require(a.rows.index == nullptr, "rows.index must be null: the column sums read the sorted rows in place");
+  c.require(a.num_groups >= 1 && a.num_groups <= 65536, "num_groups must be in [1, 65536], got ", a.num_groups);
+  if (!c.result().ok()) return c.result();
+  c.aligned("offs", a.offs, sizeof(int32_t));
+  if (a.rows.cols > 0) c.aligned("sums", a.sums, 16);
+  return c.result();
+}
+
 }  // namespace cute_moe

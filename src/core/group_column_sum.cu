@@ -1,7 +1,10 @@
-// Deterministic per-group column sums (see group_column_sum.h for the slot scheme).
+// Deterministic per-group column sums (see group_column_sum.h for the slot scheme); pass 1 can
+// also write the rows' 1x128 e4m3 copy from the same read (column_sum_quantize.h).
 #include <cuda_bf16.h>
 
 #include "bf16x8.cuh"
+#include "column_sum_quantize.h"
+#include "fp8_rows_math.cuh"
 #include "group_column_sum.h"
 #include "group_setup.h"
 
@@ -48,6 +51,9 @@ struct Pass {
   const int32_t* offs;
   int32_t num_groups;
   float* partial;
+  uint8_t* q;                 // kQuantize: the rows' 1 x 128 e4m3 copy, row stride ld_q
+  int64_t ld_q;
+  float* q_scale;             // kQuantize: (m, ceil(n / 128))
 };
 
 // Row r's 8 columns at col (zeros for a thread past n): src[r], or src[index[r]] copied to
@@ -90,15 +96,30 @@ __device__ __forceinline__ float warp_sum4(const float v[4], int lane) {
   return s;
 }
 
-// Pass 1: one block per (row chunk, 8*kThreads columns). With kRowDot every lane of a warp
-// takes part in the row sums, so threads past n stay (with zeros) unless their whole warp is.
-template <bool kGather, bool kRowDot>
+// kQuantize: row r's 1 x 128 e4m3 copy and scales, as quantize_fp8_1x128 writes them (each half
+// warp holds one 128-column block of the row).
+template <bool kQuantize>
+__device__ __forceinline__ void quantize_row(const Pass& p, int64_t r, int64_t col, bool active, uint4 v) {
+  if constexpr (kQuantize) {
+    float x[8];
+    fp8_math::to_float(v, x);  // zeros past n
+    const float scale = fp8_math::quantize_half_warp_block(x, active, p.q + r * p.ld_q + col);
+    const int64_t blocks = (p.n + fp8_math::kBlock - 1) / fp8_math::kBlock, blk = col / fp8_math::kBlock;
+    if ((threadIdx.x & 15) == 0 && blk < blocks) p.q_scale[r * blocks + blk] = scale;
+  }
+}
+
+// Pass 1: one block per (row chunk, 8*kThreads columns). With kRowDot or kQuantize every lane of
+// a warp takes part in the row's reductions, so threads past n stay (with zeros) unless their
+// whole warp is.
+template <bool kGather, bool kRowDot, bool kQuantize = false>
 __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
+  constexpr bool kWarpWide = kRowDot || kQuantize;
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   const bool active = col < p.n;
   const int64_t slice = col / kRowDotSliceColumns;  // the same in the whole warp
-  if (!kRowDot && !active) return;
-  if (kRowDot && slice * kRowDotSliceColumns >= p.n) return;  // warp-uniform
+  if (!kWarpWide && !active) return;
+  if (kWarpWide && slice * kRowDotSliceColumns >= p.n) return;  // warp-uniform
   const bool dot_writer = kRowDot && (threadIdx.x % 32) == 0;
   const int64_t chunk = blockIdx.x;
   const int64_t chunk_begin = chunk * kColumnSumChunkRows;
@@ -125,6 +146,7 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
       for (int u = 0; u < 4; ++u) {
         add_bf16x8(acc, v[u], p.row_scale != nullptr ? p.row_scale[r + u] : 1.0f);
         if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b, 0.0f);
+        quantize_row<kQuantize>(p, r + u, col, active, v[u]);
       }
       if constexpr (kRowDot) {
         const int lane = threadIdx.x % 32;
@@ -135,6 +157,7 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     for (; r < seg_end; ++r) {
       const uint4 v = load_row<kGather>(p, r, col, active);
       add_bf16x8(acc, v, p.row_scale != nullptr ? p.row_scale[r] : 1.0f);
+      quantize_row<kQuantize>(p, r, col, active, v);
       if constexpr (kRowDot) {
         const float d = warp_sum(dot_bf16x8(v, b, 0.0f));
         if (dot_writer) p.dot_partial[slice * p.m + r] = d;
@@ -142,9 +165,13 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     }
     if (active) store_f32x8(p.partial + column_sum_slot(chunk, g) * p.n + col, acc);
   }
-  // Padding rows (past offs[num_groups - 1]): gathered, not summed; their row dot is 0.
+  // Padding rows (past offs[num_groups - 1]): gathered and quantized, not summed; their row
+  // dot is 0.
   for (r = max(chunk_begin, chunk_end); r < chunk_rows_end; ++r) {
-    if constexpr (kGather) load_row<kGather>(p, r, col, active);
+    if constexpr (kGather || kQuantize) {
+      const uint4 v = load_row<kGather>(p, r, col, active);
+      quantize_row<kQuantize>(p, r, col, active, v);
+    }
     if (dot_writer) p.dot_partial[slice * p.m + r] = 0.0f;
   }
 }
@@ -203,15 +230,15 @@ __global__ void __launch_bounds__(kThreads) tile_column_sum_kernel(TileColumnSum
   a.out[static_cast<int64_t>(g) * a.width + col] = acc;
 }
 
-template <bool kGather, bool kRowDot>
+template <bool kGather, bool kRowDot, bool kQuantize = false>
 void launch_partials(const Pass& p, int64_t chunks, unsigned col_blocks, cudaStream_t stream) {
-  column_sum_partials_kernel<kGather, kRowDot>
+  column_sum_partials_kernel<kGather, kRowDot, kQuantize>
       <<<dim3(static_cast<unsigned>(chunks), col_blocks), kThreads, 0, stream>>>(p);
 }
 
-}  // namespace
-
-cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspace, cudaStream_t stream) {
+// Both passes, pass 1 quantizing the rows too where `copy` is given.
+cudaError_t launch_column_sums(const GroupColumnSumArgs& a, const RowsFp8Copy* copy, float* workspace,
+                               cudaStream_t stream) {
   const unsigned col_blocks = static_cast<unsigned>((a.n / 8 + kThreads - 1) / kThreads);
   const int64_t chunks = column_sum_chunks(a.m);
   float* dot_partial = workspace + (chunks + a.num_groups) * a.n;
@@ -229,10 +256,14 @@ cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspac
                a.n,
                a.offs,
                a.num_groups,
-               workspace};
+               workspace,
+               copy != nullptr ? static_cast<uint8_t*>(copy->q) : nullptr,
+               copy != nullptr ? copy->ld_q : 0,
+               copy != nullptr ? copy->scale : nullptr};
   const bool gather = a.index != nullptr, row_dot = a.row_dot != nullptr && a.bias != nullptr;
   if (chunks > 0) {
-    if (gather && row_dot) launch_partials<true, true>(p, chunks, col_blocks, stream);
+    if (copy != nullptr) launch_partials<false, false, true>(p, chunks, col_blocks, stream);
+    else if (gather && row_dot) launch_partials<true, true>(p, chunks, col_blocks, stream);
     else if (gather) launch_partials<true, false>(p, chunks, col_blocks, stream);
     else if (row_dot) launch_partials<false, true>(p, chunks, col_blocks, stream);
     else launch_partials<false, false>(p, chunks, col_blocks, stream);
@@ -247,6 +278,18 @@ cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspac
   row_dot_reduce_kernel<<<static_cast<unsigned>((a.m + kRowThreads - 1) / kRowThreads), kRowThreads, 0, stream>>>(
       a.m, row_dot_slices(a.n), dot_partial, a.row_dot);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_group_column_sum(const GroupColumnSumArgs& a, float* workspace, cudaStream_t stream) {
+  return launch_column_sums(a, nullptr, workspace, stream);
+}
+
+cudaError_t launch_group_column_sum_quantize(const GroupColumnSumArgs& a, const RowsFp8Copy& copy, float* workspace,
+                                             cudaStream_t stream) {
+  if (a.index != nullptr || a.row_dot != nullptr) return cudaErrorInvalidValue;  // not combined with these
+  return launch_column_sums(a, &copy, workspace, stream);
 }
 
 cudaError_t launch_tile_column_sum(const TileColumnSumArgs& a, cudaStream_t stream) {

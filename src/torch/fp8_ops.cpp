@@ -47,6 +47,35 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, 
   return {q, scale};
 }
 
+// (m, n) bf16 rows sorted by group -> quantize_fp8_1x128's (q, scale) and each group's column
+// sums (E, n) fp32, from one read of x (the up projection's dpre: its input-gradient operand and
+// its bias gradient).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_column_sums_cuda(const at::Tensor& x,
+                                                                                   const at::Tensor& offs) {
+  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
+  check_row_major(x, "x");
+  check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
+  TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t m = x.size(0), n = x.size(1);
+  at::Tensor q = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty({m, blocks(n)}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({offs.size(0), n}, x.options().dtype(at::kFloat));
+  QuantizeFp8RowsColumnSumsArgs a;
+  a.rows.rows = m;
+  a.rows.cols = n;
+  a.rows.src = x.data_ptr();
+  a.rows.ld_src = row_stride(x);
+  a.rows.q = q.data_ptr();
+  a.rows.ld_q = n;
+  a.rows.scale = scale.data_ptr<float>();
+  a.num_groups = static_cast<int32_t>(offs.size(0));
+  a.offs = offs.data_ptr<int32_t>();
+  a.sums = sums.data_ptr<float>();
+  enqueue_with_workspace(quantize_fp8_1x128_column_sums, a, x);
+  return {q, scale, sums};
+}
+
 // pre (rows, w) bf16 -> h = act(pre) as the fused up projection rounds it, quantized 1x128:
 // (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128))), cols = w / 2 for a gated activation
 // (pre's columns interleaved (gate, linear)), else w.
@@ -369,6 +398,7 @@ const std::string kFp8ActDefaults = act_schema_defaults();
 
 TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128(Tensor x, Tensor? index=None) -> (Tensor, Tensor)");
+  m.def("quantize_fp8_1x128_column_sums(Tensor x, Tensor offs) -> (Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor)");
   m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");
@@ -387,6 +417,7 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
 
 TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("quantize_fp8_1x128", &quantize_fp8_1x128_cuda);
+  m.impl("quantize_fp8_1x128_column_sums", &quantize_fp8_1x128_column_sums_cuda);
   m.impl("quantize_fp8_128x128", &quantize_fp8_128x128_cuda);
   m.impl("quantize_fp8_128x1", &quantize_fp8_128x1_cuda);
   m.impl("quantize_fp8_1x128_128x1", &quantize_fp8_1x128_128x1_cuda);

@@ -113,6 +113,43 @@ TEST(Fp8QuantizeValidate, GroupColumns) {
   expect_rejected(a, "scale must not be null");
 }
 
+// dpre of the GPT-OSS-20B up projection: (m, 5760) rows in 32 groups, with b_up's gradient.
+cute_moe::QuantizeFp8RowsColumnSumsArgs valid_rows_column_sums() {
+  cute_moe::QuantizeFp8RowsColumnSumsArgs a;
+  a.rows = valid_rows();
+  a.rows.cols = a.rows.ld_src = a.rows.ld_q = 5760;
+  a.num_groups = 32;
+  a.offs = fake<const int32_t>(0x1000);
+  a.sums = fake<float>(0x60000);
+  return a;
+}
+
+TEST(Fp8QuantizeValidate, RowsColumnSums) {
+  cute_moe::QuantizeFp8RowsColumnSumsArgs a = valid_rows_column_sums();
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  size_t bytes = 0;
+  ASSERT_TRUE(cute_moe::workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, size_t((4096 / 128 + 32) * 5760 * 4));  // one fp32 row per (chunk, group) slot
+  a.rows.rows = 0; a.rows.src = nullptr;  // no rows: the sums are zeros
+  EXPECT_TRUE(cute_moe::validate(a).ok()) << cute_moe::validate(a).message;
+  a = valid_rows_column_sums();
+  a.rows.ld_src = 5752;  // the 1x128 rules, named as this call's
+  expect_rejected(a, "quantize_fp8_1x128_column_sums: quantize_fp8_1x128: ld_src must be a multiple of 16 elements and >= 5760");
+  a = valid_rows_column_sums();
+  a.rows.index = fake<const int32_t>(0x40000);
+  a.rows.src_rows = 1024;
+  expect_rejected(a, "rows.index must be null");
+  a = valid_rows_column_sums();
+  a.num_groups = 0;
+  expect_rejected(a, "num_groups must be in [1, 65536], got 0");
+  a = valid_rows_column_sums();
+  a.offs = nullptr;
+  expect_rejected(a, "offs must not be null");
+  a = valid_rows_column_sums();
+  a.sums = fake<float>(0x60004);
+  expect_rejected(a, "sums must be 16-byte aligned");
+}
+
 // The GPT-OSS-20B up projection: x (m, 2880) by 1 x 128 blocks, W^T (32, 5760, 2880).
 cute_moe::Fp8RaggedMGemmArgs valid_gemm() {
   cute_moe::Fp8RaggedMGemmArgs a;

@@ -200,16 +200,22 @@ def test_up_projection_takes_dpre_copy_from_fused_backward(monkeypatch, wgrad):
     dy = _dy(leaves)
     calls = {"quantize": 0, "copies": 0}
     quantize, act_bwd = fp8_ffn.quantize_1x128, fp8_ffn.grouped_mm_act_bwd_unchecked
+    quantize_sums = fp8_ffn.quantize_1x128_column_sums
 
     def counting_quantize(a):
         calls["quantize"] += 1
         return quantize(a)
+
+    def counting_quantize_sums(a, offs):  # dpre's pass where b_up needs its gradient
+        calls["quantize"] += 1
+        return quantize_sums(a, offs)
 
     def counting_act_bwd(*args):
         calls["copies"] += bool(args[-1])
         return act_bwd(*args)
 
     monkeypatch.setattr(fp8_ffn, "quantize_1x128", counting_quantize)
+    monkeypatch.setattr(fp8_ffn, "quantize_1x128_column_sums", counting_quantize_sums)
     monkeypatch.setattr(fp8_ffn, "grouped_mm_act_bwd_unchecked", counting_act_bwd)
     monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", wgrad)
     seen = {}

@@ -230,6 +230,58 @@ def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols, tile_scales)
         assert torch.equal(_bits(a) if a.dtype == ref.FP8_DTYPE else a, _bits(b) if b.dtype == ref.FP8_DTYPE else b)
 
 
+@pytest.mark.parametrize("counts,pad,cols", [
+    ([300, 0, 517, 180], 3, 2880),     # GPT-OSS-like: partial blocks, an empty group
+    ([0, 0, 1, 127, 128, 129], 0, 16),  # block edges, empty groups first, one column block
+    ([0, 0], 9, 48),                     # no routed rows: every row is padding, every sum zero
+    ([5, 0], 700, 1168),                 # padding rows over many chunks; 9 blocks and a half
+    ([1] * 64, 2000, 32),                # 64 one-row groups, then 2000 padding rows
+    ([1000], 0, 5760),                   # one group, the up projection's width
+])
+def test_quantize_1x128_column_sums_is_both_ops(counts, pad, cols):
+    """One read of x: the bits of quantize_fp8_1x128 (every row, padding rows too) and of
+    grouped_column_sum (each group's rows summed in the same fixed order), and close to the
+    fp64 sums."""
+    m = sum(counts) + pad
+    x = _data((m, cols), 3 * m + cols, special=m > 0)
+    offs = _offs(counts)
+    q, s, sums = torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x, offs)
+    rq, rs = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    assert q.dtype == ref.FP8_DTYPE and q.shape == (m, cols) and s.shape == rs.shape
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert sums.dtype == torch.float32 and sums.shape == (len(counts), cols)
+    assert torch.equal(sums, torch.ops.cute_moe.grouped_column_sum(x, offs))
+    want = torch.zeros(len(counts), cols, dtype=torch.float64, device="cuda")
+    begin = 0
+    for g, c in enumerate(counts):
+        want[g] = x[begin:begin + c].double().sum(0)
+        begin += c
+    scale = x.double().abs().sum(0).clamp_min(1e-30)
+    assert float(((sums.double() - want).abs() / scale).max()) < 1e-5
+    got = cute_moe.fp8.quantize_1x128_column_sums(x, offs)  # the public wrapper: no host sync
+    assert all(torch.equal(a.view(torch.uint8) if a.dtype == ref.FP8_DTYPE else a,
+                           b.view(torch.uint8) if b.dtype == ref.FP8_DTYPE else b)
+               for a, b in zip(got, (q, s, sums)))
+
+
+def test_quantize_1x128_column_sums_no_host_sync_and_bad_input():
+    x = _data((4000, 1024), 11, special=False)
+    offs = _offs([1000, 0, 2500, 400])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x, offs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x[:, :1000], offs)
+    with pytest.raises(RuntimeError, match="offs must be"):
+        torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x, offs.to(torch.int64))
+    with pytest.raises(RuntimeError, match="x must be"):
+        torch.ops.cute_moe.quantize_fp8_1x128_column_sums(x.float(), offs)
+    with pytest.raises(ValueError, match="1 to 65536 groups"):
+        cute_moe.fp8.quantize_1x128_column_sums(x, offs[:0])
+
+
 def _naive_disagrees(x: torch.Tensor, scale: torch.Tensor) -> int:
     """Elements whose x * (1 / scale) converts to another e4m3 value than x / scale."""
     def e4m3(v):

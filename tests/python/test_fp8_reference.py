@@ -249,6 +249,33 @@ def test_quantize_1x128_128x1_wrapper_on_cpu_and_its_checks():
         assert shapes == [(150, 32), (150, 1), (32, 128 * 5), (5, 32)]
 
 
+def test_quantize_1x128_column_sums_wrapper_on_cpu_and_its_checks():
+    """The CPU path: quantize_1x128 of every row and each group's fp32 column sums (padding rows
+    quantized, not summed; an empty group's sums zero), the argument checks named as this op's,
+    and the op's CPU and fake kernels."""
+    import cute_moe
+    offs = offsets_from_counts([3, 0, 140])
+    x = torch.randn(150, 32).to(torch.bfloat16)  # 7 padding rows
+    q, s, sums = cute_moe.fp8.quantize_1x128_column_sums(x, offs)
+    rq, rs = fp8.quantize_1x128(x)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    want = torch.stack([x[:3].double().sum(0), torch.zeros(32, dtype=torch.float64), x[3:143].double().sum(0)])
+    assert sums.dtype == torch.float32 and torch.allclose(sums.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"quantize_fp8_1x128_column_sums: x: expected its last "
+                                         r"dimension a multiple of 16"):
+        cute_moe.fp8.quantize_1x128_column_sums(x[:, :24], offs)
+    with pytest.raises(ValueError, match=r"quantize_fp8_1x128_column_sums: offs"):
+        cute_moe.fp8.quantize_1x128_column_sums(x, offs.to(torch.int64))
+    if cute_moe.library_loaded():  # the op's CPU and fake kernels
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        op = torch.ops.cute_moe.quantize_fp8_1x128_column_sums
+        got = op(x, offs)
+        assert torch.equal(got[0].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(got[2], sums)
+        with FakeTensorMode() as mode:
+            shapes = [tuple(t.shape) for t in op(mode.from_tensor(x), mode.from_tensor(offs))]
+        assert shapes == [(150, 32), (150, 1), (3, 32)]
+
+
 def test_quantize_128x1_tile_scales_one_per_128_columns():
     """tile_scales: one scale per 128 x 128 block (a 128-row block of one group, 128 columns): its
     amax / 448, so each block's largest magnitude maps to 448; the dequantized values within

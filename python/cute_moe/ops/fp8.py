@@ -1,6 +1,7 @@
 """The FP8 ops (docs/fp8.md): the quantizers quantize_fp8_1x128, quantize_fp8_128x128 and
 quantize_fp8_128x1 (and the 1x128 and 128x1 copies at once, quantize_fp8_1x128_128x1; the
-activation's h from pre quantized 1x128, act_quantize_fp8_1x128), the
+activation's h from pre quantized 1x128, act_quantize_fp8_1x128; the 1x128 copy with each
+group's column sums, quantize_fp8_1x128_column_sums), the
 ragged-M grouped GEMM grouped_mm_fp8 with its fused activation forward and backward, and the
 weight gradient grouped_mm_fp8_wgrad."""
 # Their argument checks (the CUDA ops' rules, so that every path rejects the same inputs),
@@ -15,6 +16,7 @@ from ..activation_args import check_act_params, check_activation, is_gated
 from ..reference.fp8 import (FP8_DTYPE, act_quantize_1x128, grouped_mm_fp8_act_bwd_ref,
                              grouped_mm_fp8_act_ref, grouped_mm_fp8_ref, grouped_mm_wgrad_fp8_t_ref,
                              quantize_1x128, quantize_128x1_t, quantize_128x128)
+from ..reference.gemm import grouped_bias_grad_ref
 from ..reference.groups import zero_padding
 from ..reference.permute import gather_rows_ref
 from .checks import (check_contiguous, check_offs_length, check_same_device, check_scales,
@@ -25,13 +27,15 @@ from .registry import register_kernels
 __all__ = ["OPS", "check_quantize_1x128_args", "reference_1x128", "check_act_quantize_1x128_args",
            "reference_act_quantize_1x128", "check_quantize_128x128_args", "reference_128x128",
            "check_quantize_128x1_args", "reference_128x1", "reference_1x128_128x1",
+           "check_quantize_1x128_column_sums_args", "reference_1x128_column_sums",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
            "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
            "reference_grouped_mm_fp8_act_bwd", "check_grouped_mm_fp8_wgrad_args",
            "reference_grouped_mm_fp8_wgrad"]
 
 OPS = ("quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1",
-       "quantize_fp8_1x128_128x1", "act_quantize_fp8_1x128", "grouped_mm_fp8",
+       "quantize_fp8_1x128_128x1", "quantize_fp8_1x128_column_sums", "act_quantize_fp8_1x128",
+       "grouped_mm_fp8",
        "grouped_mm_fp8_act", "grouped_mm_fp8_act_bwd", "grouped_mm_fp8_wgrad")
 
 
@@ -147,8 +151,7 @@ def reference_128x128(w, as_is: bool, transposed: bool):
             s.transpose(-2, -1).contiguous() if transposed else none32)
 
 
-def check_quantize_128x1_args(x, offs) -> None:
-    op = "quantize_fp8_128x1"
+def check_quantize_128x1_args(x, offs, op: str = "quantize_fp8_128x1") -> None:
     _bf16(op, "x", x, 2, 1)
     check_tensor(op, "offs", offs, 1, torch.int32)
     if offs.shape[0] < 1 or offs.shape[0] > MAX_GROUPS:
@@ -183,6 +186,24 @@ def reference_1x128_128x1(x, offs, tile_scales=False):
     (q_t, scale_t) of quantize_128x1."""
     check_quantize_128x1_args(x, offs)
     return quantize_1x128(x) + quantize_128x1_t(x, offs, tile_scales)
+
+
+def check_quantize_1x128_column_sums_args(x, offs) -> None:
+    """x a bf16 (m, n) matrix of rows sorted by group, n a multiple of 16; offs (E,) int32,
+    1 <= E <= 65536, on x's device (its values are checked by the kernels)."""
+    check_quantize_128x1_args(x, offs, "quantize_fp8_1x128_column_sums")
+
+
+def _fake_1x128_column_sums(x, offs):
+    check_quantize_1x128_column_sums_args(x, offs)
+    return _fake_1x128(x, None) + (x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32),)
+
+
+def reference_1x128_column_sums(x, offs):
+    """quantize_fp8_1x128_column_sums's outputs from the reference: (q, scale) of quantize_1x128
+    and each group's fp32 column sums (E, n)."""
+    check_quantize_1x128_column_sums_args(x, offs)
+    return quantize_1x128(x) + (grouped_bias_grad_ref(x, offs),)
 
 
 # --- grouped_mm_fp8: the ragged-M FP8 GEMM --------------------------------------------
@@ -440,6 +461,8 @@ def _register() -> None:
     register_kernels("quantize_fp8_128x128", _fake_128x128, reference_128x128)
     register_kernels("quantize_fp8_128x1", _fake_128x1, reference_128x1)
     register_kernels("quantize_fp8_1x128_128x1", _fake_1x128_128x1, reference_1x128_128x1)
+    register_kernels("quantize_fp8_1x128_column_sums", _fake_1x128_column_sums,
+                     reference_1x128_column_sums)
     register_kernels("act_quantize_fp8_1x128", _fake_act_1x128, reference_act_quantize_1x128)
     register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
     register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
