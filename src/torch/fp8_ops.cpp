@@ -47,15 +47,20 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, 
   return {q, scale};
 }
 
+// x: bf16 (m, n) row-major rows sorted by group; offs: int32 (E,) contiguous on x's device, E >= 1.
+void check_grouped_rows(const at::Tensor& x, const at::Tensor& offs) {
+  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
+  check_row_major(x, "x");
+  check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
+  TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
+}
+
 // (m, n) bf16 rows sorted by group -> quantize_fp8_1x128's (q, scale) and each group's column
 // sums (E, n) fp32, from one read of x (the up projection's dpre: its input-gradient operand and
 // its bias gradient).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_column_sums_cuda(const at::Tensor& x,
                                                                                    const at::Tensor& offs) {
-  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
-  check_row_major(x, "x");
-  check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
-  TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
+  check_grouped_rows(x, offs);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), n = x.size(1);
   at::Tensor q = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
@@ -145,10 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
 // the same read, returned first.
 std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows,
                                                bool tile_scales) {
-  check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
-  check_row_major(x, "x");
-  check_offs(offs, x, offs.size(0));  // int32, 1-D, contiguous, on x's device
-  TORCH_CHECK(offs.size(0) >= 1, "cute_moe: offs must hold at least one group, got shape ", offs.sizes());
+  check_grouped_rows(x, offs);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), n = x.size(1);
   const int64_t row_blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
