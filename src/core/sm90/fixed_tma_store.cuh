@@ -200,34 +200,6 @@ struct FixedTmaStore {
     copy(params->tma, src(_, _, _, store_iteration % kStages), dst(_, _, _, epi_m, epi_n));
   }
 
-  // tma_store's store issued by the threads whose `issue` is set, as a predicated instruction
-  // rather than a branch (the look-ahead kernel's epilogue runs under a WGMMA in flight, which
-  // ptxas drains before a branch on the thread: look_ahead_kernel.cuh). One TMA box per subtile.
-  template <class CtaTile>
-  CUTLASS_DEVICE static void tma_store_if(Params const* params, Element* smem, int32_t row0, int32_t col0,
-                                          int32_t group, int epi_m, int epi_n, int store_iteration, bool issue) {
-    using namespace cute;
-    static_assert(kRagged, "ragged rows: a 4-D box");
-    Tensor whole = params->tma.get_tma_tensor(whole_shape(params->rows, params->cols, params->batches));
-    const int32_t big = fixed_tma::kBig;  // (a local: not odr-used)
-    Tensor g_tile = local_tile(domain_offset(make_coord(row0, col0), whole(_, _, big, group)), CtaTile{},
-                               make_coord(0, 0));  // (CTA_M,CTA_N) of the output
-    Tensor s_epi = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
-    auto s2g = params->tma.get_slice(_0{});
-    Tensor src = s2g.partition_S(s_epi)(_, _, _, store_iteration % kStages);      // (S2G,S2G_M,S2G_N)
-    Tensor dst = s2g.partition_D(flat_divide(g_tile, OutTile{}))(_, _, _, epi_m, epi_n);
-    static_assert(decltype(size<1>(dst))::value == 1 && decltype(size<2>(dst))::value == 1, "one TMA box");
-    const auto crd = dst.data().coord_;
-    const uint32_t smem_address = cast_smem_ptr_to_uint(raw_pointer_cast(src.data()));
-    const uint64_t descriptor = reinterpret_cast<uint64_t>(params->tma.get_tma_descriptor());
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
-        " @p cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n}\n"
-        ::"l"(descriptor), "r"(smem_address), "r"(int32_t(get<0>(crd))), "r"(int32_t(get<1>(crd))),
-        "r"(int32_t(get<2>(crd))), "r"(int32_t(get<3>(crd))), "r"(int32_t(issue))
-        : "memory");
-  }
-
   // The tile (m, n) of group l (args: the collective's ConsumerStoreArgs).
   template <bool ReferenceSrc, class Args>
   CUTLASS_DEVICE static auto tile(Params const* params, SharedStorage& storage, Args const& args) {

@@ -28,34 +28,12 @@
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
 #include "fp8_rows_epilogue.cuh"  // Sm90QuantizeRows
-#include "look_ahead_kernel.cuh"  // LookAheadCooperativeKernel
 #include "ragged_k_variants.cuh"  // RaggedKEpilogue, the dynamic tile schedule
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
 
 namespace cute_moe::detail {
 
-// The first WGMMA of a k-tile (scale-d 0: the temporary's old value is not an input). CuTe's
-// wrapper takes the accumulator read-write whatever scale-d is, which makes a temporary kept
-// across the look-ahead kernel's tiles live (and read) while a WGMMA writes it.
-CUTLASS_DEVICE void wgmma_m64n128k32_e4m3_first(uint64_t desc_a, uint64_t desc_b, float (&d)[64]) {
-  asm volatile(
-      "{\n wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
-        "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
-        "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
-        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-      : "l"(desc_a), "l"(desc_b));
-}
-
-// kLookAhead (ragged M, cooperative tiles): the mainloop of LookAheadCooperativeKernel
-// (look_ahead_kernel.cuh, an experiment), whose consumers issue the next tile's first k-tile
-// before the epilogue: load_tail completes two more stages without data for the last tile's
-// look-aheads, and the consumer runs through consumer_view / retire_k_tile instead of mma.
-template <class Base, bool kRaggedK = false, bool kLookAhead = false>
+template <class Base, bool kRaggedK = false>
 struct Fp8WholeOperandsMainloop : Base {
   using typename Base::GmemTiledCopyA;
   using typename Base::GmemTiledCopyB;
@@ -72,10 +50,6 @@ struct Fp8WholeOperandsMainloop : Base {
   static constexpr int kGranularityM = Base::ScaleGranularityM;
   static constexpr int kGranularityN = Base::ScaleGranularityN;
   static constexpr int kGranularityK = Base::ScaleGranularityK;
-  static_assert(!kLookAhead || (!kRaggedK && cute::is_same_v<typename Base::DispatchPolicy::Schedule,
-                                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>),
-                "the look-ahead k-tile needs ragged M (every tile has k-tiles) and a cooperative tile (the next "
-                "stage is this warpgroup's next tile)");
 
   // Both operands k-contiguous: (mn, k, batch) with strides (ld, 1, batch stride).
   using WholeStride = cute::Stride<int64_t, cute::_1, int64_t>;
@@ -99,12 +73,9 @@ struct Fp8WholeOperandsMainloop : Base {
   using TmaA = decltype(tma_a(nullptr, 1, 1, 1));
   using TmaB = decltype(tma_b(nullptr, 1, 1, 1, 1, 1));
 
-  // The look-ahead kernel's epilogue (look_ahead_kernel.cuh) reads its operands from here.
-  using EpilogueParams = std::conditional_t<kLookAhead, LookAheadEpilogueParams, cute::tuple<>>;
   struct Arguments : Base::Arguments {
     WholeOperands whole;
     BlockScaleStrides strides;
-    EpilogueParams epilogue{};
   };
   struct Params : Base::Params {
     TmaA tma_a_all;
@@ -113,7 +84,6 @@ struct Fp8WholeOperandsMainloop : Base {
     InternalElementA const* a = nullptr;  // ragged K: a group's k offset is ptr_A[group] - a
     int32_t a_rows = 1, n = 1, k = 1, groups = 1;
     BlockScaleStrides strides;
-    EpilogueParams epilogue{};
   };
 
   template <class ProblemShape>
@@ -122,7 +92,7 @@ struct Fp8WholeOperandsMainloop : Base {
     // A descriptor needs extents >= 1; a problem without rows or groups launches no tile.
     auto at_least_1 = [](int64_t v) { return int32_t(v < 1 ? 1 : v); };
     Params p{Base::to_underlying_arguments(shapes, args, workspace), TmaA{}, TmaB{}, w.offs,
-             static_cast<InternalElementA const*>(w.a), 1, 1, 1, 1, args.strides, args.epilogue};
+             static_cast<InternalElementA const*>(w.a), 1, 1, 1, 1, args.strides};
     p.a_rows = at_least_1(w.a_rows);
     p.n = at_least_1(w.n);
     p.k = at_least_1(w.k);
@@ -287,140 +257,6 @@ struct Fp8WholeOperandsMainloop : Base {
     }
   }
 
-  // --- The look-ahead kernel's consumer (LookAheadCooperativeKernel). Its k-tiles go through
-  // the same two temporaries as mma() above, but the kernel's loop issues and retires them
-  // itself (across tiles: a tile's first k-tile is issued before the previous tile's
-  // epilogue) and keeps the temporaries across its tiles.
-  // The scales of one k-tile: one per accumulator row of this thread, times the tile's B scale.
-  template <class FrgTensorC>
-  CUTLASS_DEVICE static auto make_row_scales(FrgTensorC const&) {
-    using namespace cute;
-    using SmemLayoutSFA = typename Base::SmemLayoutSFA;
-    Tensor sSFA = make_tensor(make_smem_ptr(static_cast<typename Base::ElementBlockScale*>(nullptr)),
-                              make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                                                     make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                          make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                                      make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-    Tensor tCsSFA = typename Base::TiledMma{}.get_slice(0).partition_C(sSFA);
-    return make_tensor_like<typename Base::ElementBlockScale>(tCsSFA(_, _, _, _0{}));
-  }
-
-  template <class FrgTensorC, class TSFA, class TSFB, class TA, class TB>
-  struct ConsumerView {
-    TSFA tCsSFA;  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
-    TSFB tCsSFB;
-    TA tCrA;      // (MMA, MMA_M, MMA_K, PIPE)
-    TB tCrB;      // (MMA, MMA_N, MMA_K, PIPE)
-    template <class Scales>
-    CUTLASS_DEVICE void issue(MainloopPipeline pipeline, PipelineState& read, FrgTensorC& tmp, Scales& sfa) {
-      using namespace cute;
-      using TiledMma = typename Base::TiledMma;
-      static_assert(size(FrgTensorC{}) == 64 && size<1>(TA{}) == 1 && size<1>(TB{}) == 1,
-                    "one 64 x 128 WGMMA per warpgroup and k-block");
-      using Scale = typename Base::ElementBlockScale;
-      TiledMma tiled_mma;
-      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-      const int stage = read.index();
-      copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-      const Scale scale_b = tCsSFB(_0{}, _0{}, _0{}, make_coord(_0{}, stage));
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * scale_b;
-      warpgroup_arrive();
-      wgmma_m64n128k32_e4m3_first(uint64_t(tCrA(_0{}, _0{}, 0, stage)), uint64_t(tCrB(_0{}, _0{}, 0, stage)),
-                                  *reinterpret_cast<float(*)[64]>(tmp.data()));
-      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 1; k_block < size<2>(tCrA); ++k_block) {
-        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), tmp);
-      }
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(tmp);
-      ++read;
-    }
-  };
-
-  // A consumer thread's view of the stages (its operand descriptors and scale slots), made
-  // once per kernel: issue() puts k-tile `read` into `tmp` (its WGMMAs issued and committed
-  // as one batch) and its row scales times the tile's B scale into `sfa`; `read` advances.
-  template <class FrgTensorC>
-  CUTLASS_DEVICE auto consumer_view(int thread_idx, TensorStorage& storage) {
-    using namespace cute;
-    using TiledMma = typename Base::TiledMma;
-    using SmemLayoutSFA = typename Base::SmemLayoutSFA;
-    using SmemLayoutSFB = typename Base::SmemLayoutSFB;
-    static_assert(Base::ScaleMsPerTile == size<0>(TileShape{}) && Base::ScaleNsPerTile == 1,
-                  "one scale per row of A and one per tile of B");
-    static_assert(kGranularityK == size<2>(TileShape{}), "one scale block per k-tile: a promotion per k-tile");
-    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
-    Tensor sSFA = make_tensor(make_smem_ptr(storage.smem_SFA.data()),
-                              make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                                                     make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                          make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                                      make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-    Tensor sSFB = make_tensor(make_smem_ptr(storage.smem_SFB.data()),
-                              make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
-                                                     make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                                          make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
-                                                      make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
-    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-    const int warp_group = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
-    TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
-    auto tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);
-    auto tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
-    auto tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));
-    auto tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));
-    return ConsumerView<FrgTensorC, decltype(tCsSFA), decltype(tCsSFB), decltype(tCrA), decltype(tCrB)>{tCsSFA, tCsSFB,
-                                                                                                          tCrA, tCrB};
-  }
-
-  // The oldest k-tile in flight, once its WGMMAs are done (`pending` batches may stay in
-  // flight): its stage released, then promoted into accum.
-  template <int kPending, class FrgTensorC, class Scales>
-  CUTLASS_DEVICE void retire_k_tile(MainloopPipeline pipeline, PipelineState& release, FrgTensorC& accum,
-                                    FrgTensorC& tmp, Scales const& sfa, bool release_stage = true) {
-    using namespace cute;
-    warpgroup_wait<kPending>();
-    warpgroup_fence_operand(tmp);
-    if (release_stage) pipeline.consumer_release(release);
-    ++release;
-    warpgroup_fence_operand(accum);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accum); ++i) accum(i) += tmp(i) * sfa(i);
-    warpgroup_fence_operand(accum);
-  }
-
-  // After the producer warp's last tile. With the look-ahead, one more stage completed
-  // without data, by a plain arrival of every producer event its full barrier waits for (the
-  // TMA leader's and the scale warp's 32; no transaction bytes): the consumers' last
-  // look-ahead waits for it, issues WGMMAs on its stale operands and never reads their
-  // product nor releases it. So the tail then waits for the other stages only. Both CTAs of
-  // a cluster have the same tiles, so they complete the same stage.
-  static constexpr int kEmptyStages = 2;  // the consumers' loop ends on a pair of k-tiles
-  CUTLASS_DEVICE void load_tail(MainloopPipeline pipeline, PipelineState write) {
-    if constexpr (kLookAhead) {
-      if (cute::elect_one_sync()) {
-        static_assert(Base::DispatchPolicy::Stages > kEmptyStages, "stages beside the empty ones");
-        for (int empty = 0; empty < kEmptyStages; ++empty, ++write) {
-          while (pipeline.producer_try_acquire(write) == cutlass::BarrierStatus::WaitAgain) {
-          }
-          const uint32_t barrier = cute::cast_smem_ptr_to_uint(pipeline.producer_get_barrier(write));
-          asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),
-                       "r"(static_cast<uint32_t>(Base::NumProducerThreadEvents))
-                       : "memory");
-        }
-        for (int left = Base::DispatchPolicy::Stages - kEmptyStages; left > 0; --left, ++write) {
-          while (pipeline.producer_try_acquire(write) == cutlass::BarrierStatus::WaitAgain) {
-          }
-        }
-      }
-    } else {
-      Base::load_tail(pipeline, write);
-    }
-  }
-
   // No descriptors to rewrite.
   CUTLASS_DEVICE auto tensormaps_init(Params const&, TensorMapStorage&, int32_t, int32_t) {
     return cute::make_tuple(nullptr, nullptr);
@@ -484,22 +320,18 @@ struct Fp8WholeOperandsMainloop : Base {
 // 128 x 128 (a 128-row block of one expert and 128 columns): a per-column B scale would cost a
 // second FP32 operation per element in every promotion (1.4x slower at GPT-OSS-20B on an H100,
 // docs/perf-notes.md, session 17).
-template <bool kRaggedK, bool kLookAhead = false>
+template <bool kRaggedK>
 struct Fp8BlockScaledMainloopOf {
   using ElementAB = cutlass::float_e4m3_t;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
   template <class Built>
-  using type = Fp8WholeOperandsMainloop<Built, kRaggedK, kLookAhead>;
-  // the kernel: CUTLASS's, or with the look-ahead our own tile loop around its pieces
-  template <class Built>
-  using Kernel = std::conditional_t<kLookAhead, LookAheadCooperativeKernel<Built>, Built>;
+  using type = Fp8WholeOperandsMainloop<Built, kRaggedK>;
   template <class Args>
   static void set_arguments(Args& args, const GroupArrays& g, const LaunchContext& ctx) {
     args.ptr_SFA = g.a_scales;
     args.ptr_SFB = g.b_scales;
     args.strides = ctx.scales;
     args.whole = ctx.whole;
-    if constexpr (kLookAhead) args.epilogue = look_ahead_epilogue_params(g, ctx);
   }
 };
 
@@ -516,11 +348,8 @@ struct Fp8RaggedMEpilogue : RaggedMEpilogue {
   static constexpr bool kDelayTmaStore = true;
 };
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
-#ifndef CUTE_MOE_FP8_LOOK_AHEAD
-#define CUTE_MOE_FP8_LOOK_AHEAD 0
-#endif
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
-    : Traits<RowMajor, ColMajor, bf16, Fp8RaggedMEpilogue, Fp8BlockScaledMainloopOf<false, CUTE_MOE_FP8_LOOK_AHEAD>> {};
+    : Traits<RowMajor, ColMajor, bf16, Fp8RaggedMEpilogue, Fp8BlockScaledMainloopOf<false>> {};
 // The bf16 kernels' fused activation epilogues (act_forward_variants.cuh,
 // act_backward_variants.cuh) after the FP8 mainloop. A gated W's k-contiguous copy holds the
 // interleaved (gate, linear) columns as adjacent rows, so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.

@@ -147,17 +147,6 @@ struct FixedTmaMainloopOf {
   }
 };
 
-// The kernel: CUTLASS's, unless the mainloop policy names another around it (Kernel<Built>:
-// the FP8 look-ahead kernel, look_ahead_kernel.cuh).
-template <class Mainloop, class Built, class = void>
-struct KernelOf {
-  using type = Built;
-};
-template <class Mainloop, class Built>
-struct KernelOf<Mainloop, Built, std::void_t<typename Mainloop::template Kernel<Built>>> {
-  using type = typename Mainloop::template Kernel<Built>;
-};
-
 // The operand element type, the collective builder's layout arguments and the kernel
 // schedule a mainloop policy implies: bf16 operands, unless the policy names a ScaleConfig
 // (CUTLASS's blockwise scale layouts): then FP8 operands whose partial sums are promoted
@@ -250,8 +239,7 @@ struct GroupedGemmTypes {
       MainloopSchedule>::CollectiveOp;
   using CollectiveMainloop = typename Traits::Mainloop::template type<BuiltCollectiveMainloop>;
 
-  using Kernel = typename KernelOf<typename Traits::Mainloop,
-                                   cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>>::type;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   // Where the collective epilogue's D buffer lies in the kernel's shared memory (its
   // SharedStorage starts the dynamic shared memory): a tree that writes D itself stages its
   // subtiles there (Sm90StoreD, fixed_tma_store.cuh), since a void D leaves that buffer unused.
