@@ -57,12 +57,13 @@ struct Pass {
 };
 
 // Row r's 8 columns at col (zeros for a thread past n): src[r], or src[index[r]] copied to
-// gathered[r]. A bad index would be an out-of-bounds read: report it and stop the kernel.
+// gathered[r] (`index`: index[r], where the caller loaded it ahead). A bad index would be an
+// out-of-bounds read: report it and stop the kernel.
 template <bool kGather>
-__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active) {
+__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active, int32_t index) {
   int64_t s = r;
   if constexpr (kGather) {
-    const int32_t v = p.index[r];
+    const int32_t v = index;
     if (v < 0 || v >= p.src_rows) {
       if (threadIdx.x == 0) {
         printf("cute_moe group_column_sum: invalid index at row %lld: %d is not a row of src, which has %lld rows\n",
@@ -76,6 +77,10 @@ __device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col,
   const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.src + s * p.ld + col));
   if constexpr (kGather) *reinterpret_cast<uint4*>(p.gathered + r * p.ld_gathered + col) = v;
   return v;
+}
+template <bool kGather>
+__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active) {
+  return load_row<kGather>(p, r, col, active, kGather ? p.index[r] : 0);
 }
 
 // Four rows' sums over the warp in 6 shuffles instead of 20: the first two steps halve the
@@ -136,11 +141,24 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     }
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     // Rows four at a time (their loads in flight together), then one at a time; either
-    // way each column adds its rows in row order.
+    // way each column adds its rows in row order. Gathering, the next four rows' indices are
+    // loaded while these four rows load (0 past the segment, never used), so a row's load
+    // waits on one access, not two: 1.12x on the H200 (docs/perf-notes.md, session 31).
+    int4 index = make_int4(0, 0, 0, 0);
+    auto indices = [&](int64_t first) {
+      auto at = [&](int64_t i) { return i < seg_end ? __ldg(p.index + i) : 0; };
+      return make_int4(at(first), at(first + 1), at(first + 2), at(first + 3));
+    };
+    if constexpr (kGather) index = indices(r);
     for (; r + 4 <= seg_end; r += 4) {
+      int4 next = make_int4(0, 0, 0, 0);
+      if constexpr (kGather) next = indices(r + 4);
       uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = load_row<kGather>(p, r + u, col, active);
+      v[0] = load_row<kGather>(p, r, col, active, index.x);
+      v[1] = load_row<kGather>(p, r + 1, col, active, index.y);
+      v[2] = load_row<kGather>(p, r + 2, col, active, index.z);
+      v[3] = load_row<kGather>(p, r + 3, col, active, index.w);
+      index = next;
       float d[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
