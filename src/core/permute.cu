@@ -121,13 +121,27 @@ __global__ void __launch_bounds__(kThreads) gather_sum_rows_kernel(VecMatrix src
                                                                    uint4* out, int64_t ld_out, int64_t rows,
                                                                    int64_t k, int64_t nvec) {
   const int lane = lane_id();
+  // Lane j holds choice j of the first 32 (later ones, k > 32, are reloaded per chunk).
+  // Without weights a warp loads its next token's choices while it sums this token's rows, so
+  // the rows' loads wait on one access, not two (with weights the extra live values spill).
+  auto choices = [&](int64_t t, int32_t& row, float& w) {
+    row = 0;
+    w = 1.0f;
+    if (t < rows && lane < k) {
+      row = checked_row(index, t * k + lane, k, src_rows, "gather_sum_rows");
+      if (kWeight) w = weight[t * k + lane];
+    }
+  };
+  int32_t next_row = 0;
+  float next_w = 1.0f;
+  if constexpr (!kWeight) choices(first_warp(), next_row, next_w);
   for (int64_t t = first_warp(); t < rows; t += warp_count()) {
-    // Lane j holds choice j of the first 32; later ones (k > 32) are reloaded per chunk.
-    int32_t first_row = 0;
-    float first_w = 1.0f;
-    if (lane < k) {
-      first_row = checked_row(index, t * k + lane, k, src_rows, "gather_sum_rows");
-      if (kWeight) first_w = weight[t * k + lane];
+    int32_t first_row = next_row;
+    float first_w = next_w;
+    if constexpr (kWeight) {
+      choices(t, first_row, first_w);
+    } else {
+      choices(t + warp_count(), next_row, next_w);
     }
     for (int64_t v0 = 0; v0 < nvec; v0 += kWarpSize * kSumUnroll) {
       float acc[kSumUnroll][8] = {};
