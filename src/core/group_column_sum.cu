@@ -56,31 +56,46 @@ struct Pass {
   float* q_scale;             // kQuantize: (m, ceil(n / 128))
 };
 
-// Row r's 8 columns at col (zeros for a thread past n): src[r], or src[index[r]] copied to
-// gathered[r] (`index`: index[r], where the caller loaded it ahead). A bad index would be an
-// out-of-bounds read: report it and stop the kernel.
-template <bool kGather>
-__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active, int32_t index) {
-  int64_t s = r;
-  if constexpr (kGather) {
-    const int32_t v = index;
-    if (v < 0 || v >= p.src_rows) {
-      if (threadIdx.x == 0) {
-        printf("cute_moe group_column_sum: invalid index at row %lld: %d is not a row of src, which has %lld rows\n",
-               static_cast<long long>(r), v, static_cast<long long>(p.src_rows));
-      }
-      __trap();
-    }
-    s = v;
+// A gathered row's index checked against src's rows: a bad one would be an out-of-bounds read,
+// so report it and stop the kernel. Kept out of line: the hot loop only tests and branches.
+__device__ __noinline__ void report_bad_index(const Pass& p, int64_t r, int32_t v) {
+  if (threadIdx.x == 0) {
+    printf("cute_moe group_column_sum: invalid index at row %lld: %d is not a row of src, which has %lld rows\n",
+           static_cast<long long>(r), v, static_cast<long long>(p.src_rows));
   }
-  if (!active) return make_uint4(0, 0, 0, 0);
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.src + s * p.ld + col));
-  if constexpr (kGather) *reinterpret_cast<uint4*>(p.gathered + r * p.ld_gathered + col) = v;
-  return v;
+  __trap();
+}
+__device__ __forceinline__ bool bad_index(const Pass& p, int32_t v) { return v < 0 || v >= p.src_rows; }
+
+// Row r's 8 columns at col (zeros for a thread past n): src[r], or src[s] for a gathered row
+// (s = index[r], already checked). The load only: a gathered row's copy is stored by
+// store_gathered after all of a step's loads are issued, since a store between two loads keeps
+// the second from starting before the first arrives.
+// A thread past n loads the row's first columns and keeps zeros: no branch around the load, so
+// ptxas keeps a step's loads together ahead of its stores.
+template <bool kGather>
+__device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active, int32_t s) {
+  const int64_t row = kGather ? static_cast<int64_t>(s) : r;
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.src + row * p.ld + (active ? col : 0)));
+  return active ? v : make_uint4(0, 0, 0, 0);
 }
 template <bool kGather>
+__device__ __forceinline__ void store_gathered(const Pass& p, int64_t r, int64_t col, bool active, uint4 v) {
+  if constexpr (kGather) {
+    if (active) *reinterpret_cast<uint4*>(p.gathered + r * p.ld_gathered + col) = v;
+  }
+}
+// One row: its index read and checked, loaded, and (gathering) its copy stored.
+template <bool kGather>
 __device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active) {
-  return load_row<kGather>(p, r, col, active, kGather ? p.index[r] : 0);
+  int32_t s = 0;
+  if constexpr (kGather) {
+    s = p.index[r];
+    if (bad_index(p, s)) report_bad_index(p, r, s);
+  }
+  const uint4 v = load_row<kGather>(p, r, col, active, s);
+  store_gathered<kGather>(p, r, col, active, v);
+  return v;
 }
 
 // Four rows' sums over the warp in 6 shuffles instead of 20: the first two steps halve the
@@ -114,17 +129,15 @@ __device__ __forceinline__ void quantize_row(const Pass& p, int64_t r, int64_t c
   }
 }
 
-// Pass 1: one block per (row chunk, 8*kThreads columns). With kRowDot or kQuantize every lane of
-// a warp takes part in the row's reductions, so threads past n stay (with zeros) unless their
-// whole warp is.
+// Pass 1: one block per (row chunk, 8*kThreads columns). Every lane of a warp takes part in the
+// row's reductions (kRowDot, kQuantize) and the warp's barriers, so threads past n stay (with
+// zeros) unless their whole warp is.
 template <bool kGather, bool kRowDot, bool kQuantize = false>
 __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
-  constexpr bool kWarpWide = kRowDot || kQuantize;
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   const bool active = col < p.n;
   const int64_t slice = col / kRowDotSliceColumns;  // the same in the whole warp
-  if (!kWarpWide && !active) return;
-  if (kWarpWide && slice * kRowDotSliceColumns >= p.n) return;  // warp-uniform
+  if (slice * kRowDotSliceColumns >= p.n) return;   // warp-uniform
   const bool dot_writer = kRowDot && (threadIdx.x % 32) == 0;
   const int64_t chunk = blockIdx.x;
   const int64_t chunk_begin = chunk * kColumnSumChunkRows;
@@ -153,16 +166,31 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     for (; r + 4 <= seg_end; r += 4) {
       int4 next = make_int4(0, 0, 0, 0);
       if constexpr (kGather) next = indices(r + 4);
+      if constexpr (kGather) {
+        if (bad_index(p, index.x) || bad_index(p, index.y) || bad_index(p, index.z) || bad_index(p, index.w)) {
+          const int32_t at = bad_index(p, index.x) ? 0 : bad_index(p, index.y) ? 1 : bad_index(p, index.z) ? 2 : 3;
+          report_bad_index(p, r + at, at == 0 ? index.x : at == 1 ? index.y : at == 2 ? index.z : index.w);
+        }
+      }
       uint4 v[4];
       v[0] = load_row<kGather>(p, r, col, active, index.x);
       v[1] = load_row<kGather>(p, r + 1, col, active, index.y);
       v[2] = load_row<kGather>(p, r + 2, col, active, index.z);
       v[3] = load_row<kGather>(p, r + 3, col, active, index.w);
       index = next;
+      float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (p.row_scale != nullptr) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) scale[u] = __ldg(p.row_scale + r + u);
+      }
+      // Without this barrier ptxas issues two of the loads, waits for them and uses them, and
+      // only then issues the other two (and, gathering, stores copies between): half the
+      // bytes in flight. Loads may not move across it, so all four (and the scales) go first.
+      __syncwarp();
       float d[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        add_bf16x8(acc, v[u], p.row_scale != nullptr ? p.row_scale[r + u] : 1.0f);
+        add_bf16x8(acc, v[u], scale[u]);
         if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b, 0.0f);
         quantize_row<kQuantize>(p, r + u, col, active, v[u]);
       }
@@ -171,6 +199,8 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
         const float sum = warp_sum4(d, lane);
         if ((lane & 7) == 0) p.dot_partial[slice * p.m + r + 2 * ((lane >> 4) & 1) + ((lane >> 3) & 1)] = sum;
       }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) store_gathered<kGather>(p, r + u, col, active, v[u]);
     }
     for (; r < seg_end; ++r) {
       const uint4 v = load_row<kGather>(p, r, col, active);

@@ -17,6 +17,21 @@ namespace {
 
 int64_t blocks(int64_t n) { return (n + 127) / 128; }
 
+// The 1x128 quantizers' row arguments: `rows` rows of `cols` bf16 values read from src (row
+// stride as src's; cols is q's width, src may be wider: pre for a gated activation) into q
+// (rows, cols) e4m3 contiguous and scale (rows, blocks(cols)) fp32.
+QuantizeFp8RowsArgs rows_args(const at::Tensor& src, int64_t rows, int64_t cols, at::Tensor& q, at::Tensor& scale) {
+  QuantizeFp8RowsArgs a;
+  a.rows = rows;
+  a.cols = cols;
+  a.src = src.data_ptr();
+  a.ld_src = row_stride(src);
+  a.q = q.data_ptr();
+  a.ld_q = cols;
+  a.scale = scale.data_ptr<float>();
+  return a;
+}
+
 // (rows, cols) bf16 -> (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128))); with an index
 // (M,) int32, q's row r is x[index[r]]'s: (M, cols) and (M, ceil(cols / 128)).
 std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, const std::optional<at::Tensor>& index) {
@@ -31,14 +46,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, 
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor q = at::empty({rows, x.size(1)}, x.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor scale = at::empty({rows, blocks(x.size(1))}, x.options().dtype(at::kFloat));
-  QuantizeFp8RowsArgs a;
-  a.rows = rows;
-  a.cols = x.size(1);
-  a.src = x.data_ptr();
-  a.ld_src = row_stride(x);
-  a.q = q.data_ptr();
-  a.ld_q = x.size(1);
-  a.scale = scale.data_ptr<float>();
+  QuantizeFp8RowsArgs a = rows_args(x, rows, x.size(1), q, scale);
   if (index) {
     a.index = index->data_ptr<int32_t>();
     a.src_rows = x.size(0);
@@ -67,13 +75,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_column_sums_cu
   at::Tensor scale = at::empty({m, blocks(n)}, x.options().dtype(at::kFloat));
   at::Tensor sums = at::empty({offs.size(0), n}, x.options().dtype(at::kFloat));
   QuantizeFp8RowsColumnSumsArgs a;
-  a.rows.rows = m;
-  a.rows.cols = n;
-  a.rows.src = x.data_ptr();
-  a.rows.ld_src = row_stride(x);
-  a.rows.q = q.data_ptr();
-  a.rows.ld_q = n;
-  a.rows.scale = scale.data_ptr<float>();
+  a.rows = rows_args(x, m, n, q, scale);
   a.num_groups = static_cast<int32_t>(offs.size(0));
   a.offs = offs.data_ptr<int32_t>();
   a.sums = sums.data_ptr<float>();
@@ -97,13 +99,7 @@ std::tuple<at::Tensor, at::Tensor> act_quantize_fp8_1x128_cuda(const at::Tensor&
   const c10::cuda::CUDAGuard guard(pre.device());
   at::Tensor q = at::empty({pre.size(0), cols}, pre.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor scale = at::empty({pre.size(0), blocks(cols)}, pre.options().dtype(at::kFloat));
-  a.rows.rows = pre.size(0);
-  a.rows.cols = cols;
-  a.rows.src = pre.data_ptr();
-  a.rows.ld_src = row_stride(pre);
-  a.rows.q = q.data_ptr();
-  a.rows.ld_q = cols;
-  a.rows.scale = scale.data_ptr<float>();
+  a.rows = rows_args(pre, pre.size(0), cols, q, scale);
   throw_if_error(act_quantize_fp8_1x128(a, at::cuda::getCurrentCUDAStream()));
   return {q, scale};
 }
