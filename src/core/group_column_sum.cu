@@ -70,9 +70,8 @@ __device__ __forceinline__ bool bad_index(const Pass& p, int32_t v) { return v <
 // Row r's 8 columns at col (zeros for a thread past n): src[r], or src[s] for a gathered row
 // (s = index[r], already checked). The load only: a gathered row's copy is stored by
 // store_gathered after all of a step's loads are issued, since a store between two loads keeps
-// the second from starting before the first arrives.
-// A thread past n loads the row's first columns and keeps zeros: no branch around the load, so
-// ptxas keeps a step's loads together ahead of its stores.
+// the second from starting before the first arrives. A thread past n loads the row's first
+// columns and keeps zeros: no branch around the load.
 template <bool kGather>
 __device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col, bool active, int32_t s) {
   const int64_t row = kGather ? static_cast<int64_t>(s) : r;
@@ -156,7 +155,8 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     // Rows four at a time (their loads in flight together), then one at a time; either
     // way each column adds its rows in row order. Gathering, the next four rows' indices are
     // loaded while these four rows load (0 past the segment, never used), so a row's load
-    // waits on one access, not two: 1.12x on the H200 (docs/perf-notes.md, session 31).
+    // waits on one access, not two (1.12x on the H200); the four rows' loads are issued
+    // together (1.10x more; docs/perf-notes.md, sessions 31-32).
     int4 index = make_int4(0, 0, 0, 0);
     auto indices = [&](int64_t first) {
       auto at = [&](int64_t i) { return i < seg_end ? __ldg(p.index + i) : 0; };
