@@ -65,7 +65,9 @@ __device__ __noinline__ void report_bad_index(const Pass& p, int64_t r, int32_t 
   }
   __trap();
 }
-__device__ __forceinline__ bool bad_index(const Pass& p, int32_t v) { return v < 0 || v >= p.src_rows; }
+__device__ __forceinline__ void check_index(const Pass& p, int64_t r, int32_t v) {
+  if (v < 0 || v >= p.src_rows) report_bad_index(p, r, v);
+}
 
 // Row r's 8 columns at col (zeros for a thread past n): src[r], or src[s] for a gathered row
 // (s = index[r], already checked). The load only: a gathered row's copy is stored by
@@ -90,7 +92,7 @@ __device__ __forceinline__ uint4 load_row(const Pass& p, int64_t r, int64_t col,
   int32_t s = 0;
   if constexpr (kGather) {
     s = p.index[r];
-    if (bad_index(p, s)) report_bad_index(p, r, s);
+    check_index(p, r, s);
   }
   const uint4 v = load_row<kGather>(p, r, col, active, s);
   store_gathered<kGather>(p, r, col, active, v);
@@ -166,11 +168,11 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
     for (; r + 4 <= seg_end; r += 4) {
       int4 next = make_int4(0, 0, 0, 0);
       if constexpr (kGather) next = indices(r + 4);
-      if constexpr (kGather) {
-        if (bad_index(p, index.x) || bad_index(p, index.y) || bad_index(p, index.z) || bad_index(p, index.w)) {
-          const int32_t at = bad_index(p, index.x) ? 0 : bad_index(p, index.y) ? 1 : bad_index(p, index.z) ? 2 : 3;
-          report_bad_index(p, r + at, at == 0 ? index.x : at == 1 ? index.y : at == 2 ? index.z : index.w);
-        }
+      if constexpr (kGather) {  // all four before the loads, none between them
+        check_index(p, r, index.x);
+        check_index(p, r + 1, index.y);
+        check_index(p, r + 2, index.z);
+        check_index(p, r + 3, index.w);
       }
       uint4 v[4];
       v[0] = load_row<kGather>(p, r, col, active, index.x);
