@@ -150,7 +150,7 @@ struct GatedUnit {
     }
     const float hi = bound(p);
     const bool a_in = a <= hi || !p.has_limit;
-    const bool b_in = (b >= -hi && b <= hi) || !p.has_limit;
+    const bool b_in = fabsf(b) <= hi || !p.has_limit;  // -hi <= b <= hi; false for NaN
     float df;
     const float f = Gate::value(clamp_gate(a, hi), p, &df);
     const float v = offset(clamp_linear(b, hi));

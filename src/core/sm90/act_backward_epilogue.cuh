@@ -187,8 +187,9 @@ struct Sm90ActBackward : NodeWithoutLoads {
               dpre[i + j] = cutlass::bfloat16_t(dgate);
               dlin[i + j] = cutlass::bfloat16_t(dlinear);
             } else {
-              dpre[i + j] =
-                  uint32_t(cutlass::bfloat16_t(dgate).raw()) | (uint32_t(cutlass::bfloat16_t(dlinear).raw()) << 16);
+              // one packed conversion (dgate in the low half), the same rounding as two
+              const __nv_bfloat162 packed = __floats2bfloat162_rn(dgate, dlinear);
+              dpre[i + j] = reinterpret_cast<uint32_t const&>(packed);
             }
           } else {
             float da;
