@@ -127,6 +127,18 @@ struct EpilogueDescOf : Desc {
   static constexpr int StagesD = stages_d_v<Epilogue> == 0 ? Desc::StagesD : stages_d_v<Epilogue>;
 };
 
+// The kernel a variant's epilogue asks for in place of CUTLASS's (KernelWrap), else CUTLASS's.
+// PingpongTypes: the GroupedGemmTypes of the same row on the pingpong schedule.
+template <class Epilogue, class Kernel, class TileShape, bool kCooperative, class PingpongTypes, class = void>
+struct kernel_of {
+  using type = Kernel;
+};
+template <class Epilogue, class Kernel, class TileShape, bool kCooperative, class PingpongTypes>
+struct kernel_of<Epilogue, Kernel, TileShape, kCooperative, PingpongTypes,
+                 std::void_t<typename Epilogue::template KernelWrap<Kernel, TileShape, kCooperative, PingpongTypes>>> {
+  using type = typename Epilogue::template KernelWrap<Kernel, TileShape, kCooperative, PingpongTypes>;
+};
+
 // --- Mainloops: the collective CUTLASS's builder makes, unless a variant wraps it (the
 // gathered A load of gather_mainloop.cuh), and the wrap's own arguments.
 struct BuiltMainloop {
@@ -239,7 +251,9 @@ struct GroupedGemmTypes {
       MainloopSchedule>::CollectiveOp;
   using CollectiveMainloop = typename Traits::Mainloop::template type<BuiltCollectiveMainloop>;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = typename kernel_of<typename Traits::Epilogue, CutlassKernel, TileShape, kCooperative,
+                                    GroupedGemmTypes<V, TM, TN, TK, CM, CN, Schedule::Pingpong, A>>::type;
   // Where the collective epilogue's D buffer lies in the kernel's shared memory (its
   // SharedStorage starts the dynamic shared memory): a tree that writes D itself stages its
   // subtiles there (Sm90StoreD, fixed_tma_store.cuh), since a void D leaves that buffer unused.
@@ -270,7 +284,7 @@ struct GroupedGemmTypes {
     hw.device_id = ctx.device;
     hw.sm_count = ctx.sm_count;
     using ElementCPtr = std::conditional_t<std::is_void_v<ElementC>, const void**, const ElementC**>;
-    typename CollectiveMainloop::Arguments mainloop{};
+    typename Kernel::MainloopArguments mainloop{};
     mainloop.ptr_A = reinterpret_cast<const ElementAB**>(g.a);
     mainloop.dA = reinterpret_cast<StrideA*>(g.lda);
     mainloop.ptr_B = reinterpret_cast<const ElementAB**>(g.b);
