@@ -12,23 +12,29 @@
 // and ptxas must fit the mainloop's WGMMA under that cap):
 //   warpgroup 0     CUTLASS's producer warps (the mainloop's TMA loads, the scheduler)
 //   warpgroup 1     the mainloop on the whole 128x192 tile (pingpong's collective: one
-//                   warpgroup, 192 accumulator registers); at a tile's end the accumulator,
-//                   rounded to bf16 (what the unfused composition stores as dh), goes into
-//                   a shared buffer and the next tile's mainloop starts at once
+//                   warpgroup, 192 accumulator registers); at a tile's end the accumulator
+//                   (fp32) goes to the CTA's scratch tile in global memory (L2: 96 KB a
+//                   CTA, more than shared memory has beside four mainloop stages) and the
+//                   next tile's mainloop starts at once
 //   warpgroups 2-3  the epilogue, eight warps (two on each SM sub-partition): one row of the
 //                   tile at a time per warp, each lane three column pairs 64 apart (so every
-//                   global access of a warp is one contiguous run): dh from the buffer, pre
+//                   global access of a warp is one contiguous run): dh from the scratch, pre
 //                   from global memory (the tile's rows prefetched into L2 when it arrives),
 //                   dpre and p * h stored directly, the row-scale-gradient partial by a warp
 //                   sum, dpre's column sums (the up projection's bias gradient) per warp
-// Two named barriers hand the buffer over (full: consumer -> epilogue; empty: back). The
-// buffer's rows are padded from 96 to 100 words, so the consumer's stores in the WGMMA
-// layout (rows 8 apart, 4 lanes a row) meet every bank once.
+// Two named barriers hand the scratch tile over (full: consumer -> epilogue; empty: back);
+// the tile's coordinates go through shared memory.
+// (Session 34 first handed dh over in shared memory as bf16, 128 x 200 with padded rows:
+// 1.07x at GPT-OSS-20B, but the extra rounding broke two GPU tests; commit 63218b1. This
+// fp32 handoff gives the default kernel's bits, at 0.97-1.04x on an H200: the scratch tile's
+// 192 KB of L2 traffic a tile and the stores on the mainloop's critical path eat the gain.)
 //
-// The function of Sm90ActBackward (act_backward_epilogue.cuh), with dh rounded to bf16
-// before act' and the fp32 sums in another order. Gated activations; dpre interleaved or in
-// [dgate | dlinear] halves.
+// The function of Sm90ActBackward (act_backward_epilogue.cuh), bit for bit in dpre and p * h;
+// the fp32 sums (the row-scale-gradient partials, dpre's column sums) in another order.
+// Gated activations; dpre interleaved or in [dgate | dlinear] halves.
 #pragma once
+
+#include <algorithm>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -45,7 +51,6 @@ namespace epi_wg {
 
 constexpr int kTileM = 128;
 constexpr int kTileN = 192;
-constexpr int kBufLd = kTileN + 8;        // bf16 per buffer row
 constexpr int kEpiWarps = 8;              // two warpgroups
 constexpr int kChunks = kTileN / 64;      // a lane's column pairs in a row
 constexpr uint32_t kHandoffThreads = 128 + 32 * kEpiWarps;
@@ -55,6 +60,7 @@ constexpr uint32_t kEmptyBarrier = 1;
 struct TileInfo {
   int32_t m, n, l, valid;
 };
+constexpr size_t kScratchTileBytes = size_t(kTileM) * kTileN * sizeof(float);
 
 CUTLASS_DEVICE void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
@@ -73,7 +79,6 @@ CUTLASS_DEVICE float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000
 template <class Base, class Activation, bool kHalvesOut>
 struct EpilogueWarpgroupKernel : Base {
   static_assert(Activation::kGated, "the epilogue warpgroups handle gated activations");
-  using typename Base::Params;
   using typename Base::CollectiveMainloop;
   using typename Base::TileScheduler;
   using typename Base::TiledMma;
@@ -83,13 +88,37 @@ struct EpilogueWarpgroupKernel : Base {
   using PipelineState = typename CollectiveMainloop::PipelineState;
   using SchedulerPipeline = typename TileScheduler::Pipeline;
 
-  // CUTLASS's storage less the collective epilogue's, plus the handoff buffer (named
-  // `epilogue`, where the collective's storage was) and the tile it holds
+  // CUTLASS's parameters, plus the CTAs' scratch tiles at the end of the workspace (one per
+  // CTA of the persistent grid: at most one per SM, rounded up to whole clusters)
+  using typename Base::Arguments;
+  using BaseParams = typename Base::Params;
+  struct Params : BaseParams {
+    float* scratch = nullptr;
+    int32_t scratch_tiles = 0;
+  };
+  static int32_t scratch_tiles(Arguments const& args) {
+    const int32_t cluster = int32_t(cute::size(ClusterShape{}));
+    return (std::max(args.hw_info.sm_count, 1) + cluster - 1) / cluster * cluster;
+  }
+  static size_t base_workspace(Arguments const& args) { return (Base::get_workspace_size(args) + 255) / 256 * 256; }
+  static size_t get_workspace_size(Arguments const& args) {
+    return base_workspace(args) + size_t(scratch_tiles(args)) * epi_wg::kScratchTileBytes;
+  }
+  static Params to_underlying_arguments(Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<BaseParams&>(p) = Base::to_underlying_arguments(args, workspace);
+    p.scratch = reinterpret_cast<float*>(static_cast<char*>(workspace) + base_workspace(args));
+    p.scratch_tiles = scratch_tiles(args);
+    return p;
+  }
+
+  // CUTLASS's storage less the collective epilogue's, plus the handed-over tile's coordinates
+  // (named `epilogue`, where the collective's storage was)
   using BaseStorage = typename Base::SharedStorage;
   struct SharedStorage {
     struct TensorStorage : cute::aligned_struct<128, cute::_1> {
       typename BaseStorage::TensorStorage::MainloopTensorStorage mainloop;
-      alignas(128) cute::array_aligned<uint32_t, epi_wg::kTileM * epi_wg::kBufLd / 2 + 4> epilogue;
+      alignas(16) epi_wg::TileInfo epilogue;
     } tensors;
     typename BaseStorage::PipelineStorage pipelines;
     alignas(16) typename Base::TileSchedulerResponse scheduler_response[Base::TileSchedulerStages];
@@ -109,7 +138,7 @@ struct EpilogueWarpgroupKernel : Base {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(size(TiledMma{}) == 128, "one consumer warpgroup holds the whole tile (pingpong's TiledMma)");
     static_assert(size<0>(TileShape{}) == epi_wg::kTileM && size<1>(TileShape{}) == epi_wg::kTileN,
-                  "the buffer holds a 128 x 192 tile");
+                  "the scratch tile is 128 x 192");
     enum class Role { Mainloop = 0, MainloopAux = 1, Unused = 2, Scheduler = 3 };
     SharedStorage& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
     TileScheduler scheduler{params.scheduler, storage.scheduler_response};
@@ -148,8 +177,10 @@ struct EpilogueWarpgroupKernel : Base {
       __syncthreads();
     }
 
-    uint32_t* buffer = storage.tensors.epilogue.data();  // (128, 100) words
-    auto* info = reinterpret_cast<epi_wg::TileInfo*>(buffer + epi_wg::kTileM * epi_wg::kBufLd / 2);
+    epi_wg::TileInfo* info = &storage.tensors.epilogue;
+    const int32_t cta = int32_t(blockIdx.x + blockIdx.y * gridDim.x + blockIdx.z * gridDim.x * gridDim.y);
+    if (cta >= params.scratch_tiles) __trap();  // (the grid is at most one CTA per SM)
+    float* scratch = params.scratch + int64_t(cta) * (epi_wg::kTileM * epi_wg::kTileN);  // (128, 192)
 
     auto work = scheduler.initial_work_tile_info(ClusterShape{});
     if (!work.is_valid()) return;  // (every warpgroup alike: the scheduler's answer is the CTA's)
@@ -207,15 +238,20 @@ struct EpilogueWarpgroupKernel : Base {
         read.advance(k_tiles);
         const auto tile = work;
         work = next_work();
-        // the buffer is the epilogue's until it has read the last tile; meanwhile the
+        // the scratch tile is the epilogue's until it has read the last tile; meanwhile the
         // producer already loads the next tile's k-tiles
         cutlass::arch::NamedBarrier::sync(epi_wg::kHandoffThreads, epi_wg::kEmptyBarrier);
+        // (i, i + 1): adjacent columns of one row, at a compile-time offset from the thread's
+        // first element (one address register, not one per store)
+        float* first = scratch + get<0>(coords(0)) * epi_wg::kTileN + get<1>(coords(0));
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); i += 2) {  // (2i, 2i + 1): adjacent columns of one row
-          const int row = get<0>(coords(i)), col = get<1>(coords(i));
-          buffer[row * (epi_wg::kBufLd / 2) + col / 2] = epi_wg::pack_bf16(accum(i), accum(i + 1));
+        for (int i = 0; i < size(accum); i += 2) {
+          const int offset = (get<0>(coords(i)) - get<0>(coords(0))) * epi_wg::kTileN + get<1>(coords(i)) -
+                             get<1>(coords(0));
+          *reinterpret_cast<float2*>(first + offset) = make_float2(accum(i), accum(i + 1));
         }
         if (mma_thread == 0) *info = {int32_t(tile.M_idx), int32_t(tile.N_idx), int32_t(tile.L_idx), 1};
+        __threadfence_block();  // the stores before the arrive, for the epilogue's loads
         cutlass::arch::NamedBarrier::arrive(epi_wg::kHandoffThreads, epi_wg::kFullBarrier);
       } while (work.is_valid());
       cutlass::arch::NamedBarrier::sync(epi_wg::kHandoffThreads, epi_wg::kEmptyBarrier);
@@ -223,21 +259,21 @@ struct EpilogueWarpgroupKernel : Base {
       cutlass::arch::NamedBarrier::arrive(epi_wg::kHandoffThreads, epi_wg::kFullBarrier);
     } else {
       cutlass::arch::warpgroup_reg_dealloc<kEpiRegs>();  // (the launch gives every thread 128)
-      epilogue(params, buffer, info, thread_idx - 2 * int(cutlass::NumThreadsPerWarpGroup));
+      epilogue(params, scratch, info, thread_idx - 2 * int(cutlass::NumThreadsPerWarpGroup));
     }
 #endif
   }
 
-  // The epilogue warps: tiles from the buffer until the consumer says there are none.
+  // The epilogue warps: tiles from the scratch until the consumer says there are none.
   // t: the thread's index among the epilogue's 32 * kEpiWarps.
-  CUTLASS_DEVICE void epilogue(Params const& params, uint32_t const* buffer, epi_wg::TileInfo const* info, int t) {
+  CUTLASS_DEVICE void epilogue(Params const& params, float const* scratch, epi_wg::TileInfo const* info, int t) {
     using namespace cute;
     using namespace epi_wg;
     auto const& node = params.epilogue.thread.op_3;  // Sm90ActBackward's params
     float const* const* row_scales = params.epilogue.thread.op_2.ptr_col;
     const int warp = t / 32, lane = t % 32;
     static_assert(kEpiWarps == kTileColumnSumWarps, "a column-sum row per epilogue warp");
-    cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kEmptyBarrier);  // the buffer starts empty
+    cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kEmptyBarrier);  // the scratch tile starts free
     while (true) {
       cutlass::arch::NamedBarrier::sync(kHandoffThreads, kFullBarrier);
       const TileInfo tile = *info;
@@ -289,39 +325,49 @@ struct EpilogueWarpgroupKernel : Base {
                                     : reinterpret_cast<uint32_t*>(d_base) + int64_t(m0 + warp) * ldd + n0 + 2 * lane;
         const int64_t dlinear_words = kHalvesOut ? int64_t(n) / 2 : 0;  // dlinear: n columns past dgate
         uint32_t* hp_at = hp + int64_t(warp) * hp_ld + lane;
-        uint32_t const* dh_at = buffer + warp * (kBufLd / 2) + lane;
+        float const* dh_at = scratch + warp * kTileN + 2 * lane;
         float const* p_at = p_rows != nullptr ? p_rows + warp : nullptr;
-        auto load_row = [&](uint32_t const* src, float const* p_src, uint2 (&w)[kChunks], float& p) {
+        // a row's pre words, dh (from L2: the scratch tile is rewritten every tile, so not
+        // through L1) and p
+        auto load_row = [&](uint32_t const* src, float const* dh_src, float const* p_src, uint2 (&w)[kChunks],
+                            float2 (&dh)[kChunks], float& p) {
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kChunks; ++k) {
             w[k] = on[k] ? __ldg(reinterpret_cast<uint2 const*>(src + 64 * k)) : make_uint2(0, 0);
+            dh[k] = on[k] ? __ldcg(reinterpret_cast<float2 const*>(dh_src + 64 * k)) : make_float2(0.0f, 0.0f);
           }
           p = p_src != nullptr ? __ldg(p_src) : 1.0f;
         };
         uint2 w[kChunks];
+        float2 dh[kChunks];
         float p = 1.0f;
-        if (warp < tile_rows) load_row(pre_at, p_at, w, p);
+        if (warp < tile_rows) load_row(pre_at, dh_at, p_at, w, dh, p);
         CUTLASS_PRAGMA_NO_UNROLL
         for (int r = warp; r < tile_rows; r += kEpiWarps) {
           // the next row's pre and p in flight under this row's math
           uint2 w_next[kChunks];
+          float2 dh_next[kChunks];
           float p_next = 1.0f;
           if (r + kEpiWarps < tile_rows) {
-            load_row(pre_at + kEpiWarps * ldc, p_at != nullptr ? p_at + kEpiWarps : nullptr, w_next, p_next);
+            load_row(pre_at + kEpiWarps * ldc, dh_at + kEpiWarps * kTileN, p_at != nullptr ? p_at + kEpiWarps : nullptr,
+                     w_next, dh_next, p_next);
           } else {
             CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kChunks; ++k) w_next[k] = make_uint2(0, 0);
+            for (int k = 0; k < kChunks; ++k) {
+              w_next[k] = make_uint2(0, 0);
+              dh_next[k] = make_float2(0.0f, 0.0f);
+            }
           }
           float hs = 0.0f;  // h * s over the row's columns (the row-scale gradient's part)
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kChunks; ++k) {
             if (!on[k]) continue;
-            const uint32_t d = dh_at[32 * k];  // dh of the pair's two columns
+            const float acc[2] = {dh[k].x, dh[k].y};  // dy @ W^T of the pair's two columns
             const uint32_t words[2] = {w[k].x, w[k].y};
             float dg[2], dl[2], hv[2];
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < 2; ++j) {
-              const float s = scale * (j == 0 ? lo_bf16(d) : hi_bf16(d));
+              const float s = scale * acc[j];
               const float h = Activation::backward(lo_bf16(words[j]), hi_bf16(words[j]), p * s, act, dg[j], dl[j]);
               hv[j] = p * h;
               hs += h * s;
@@ -353,12 +399,15 @@ struct EpilogueWarpgroupKernel : Base {
             if (lane == 0) partial[r] = hs;
           }
           CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kChunks; ++k) w[k] = w_next[k];
+          for (int k = 0; k < kChunks; ++k) {
+            w[k] = w_next[k];
+            dh[k] = dh_next[k];
+          }
           p = p_next;
           pre_at += kEpiWarps * ldc;
           d_at += kEpiWarps * d_row;
           hp_at += kEpiWarps * hp_ld;
-          dh_at += kEpiWarps * (kBufLd / 2);
+          dh_at += kEpiWarps * kTileN;
           if (p_at != nullptr) p_at += kEpiWarps;
         }
       };
