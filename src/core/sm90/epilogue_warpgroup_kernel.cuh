@@ -309,13 +309,14 @@ struct EpilogueWarpgroupKernel : Base {
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < 4; ++v) sums[k][v] = 0.0f;
       }
-      // The lane's columns: pairs c = 2 lane + 64 k. A whole tile (every tile at GPT-OSS-20B
-      // and Qwen3-30B-A3B) runs without a test per pair.
+      // The lane's columns: pairs c = 2 lane + 64 k, those inside the tile's columns. A whole
+      // tile (every tile at GPT-OSS-20B and Qwen3-30B-A3B) runs without a test per pair.
+      auto in_tile = [&](int k) { return 2 * lane + 64 * k + 2 <= cols; };
       auto rows_loop = [&](auto whole) {
         constexpr bool kWhole = decltype(whole)::value;
         bool on[kChunks];
         CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < kChunks; ++k) on[k] = kWhole || 2 * lane + 64 * k + 2 <= cols;
+        for (int k = 0; k < kChunks; ++k) on[k] = kWhole || in_tile(k);
         // the warp's rows r = warp + kEpiWarps i, by pointers stepped kEpiWarps rows at a time
         uint32_t const* pre_at = pre + int64_t(warp) * ldc + 2 * lane;
         // dpre: interleaved, a row of n words (D's element), the lane's pairs at 2 lane + 64 k;
@@ -344,7 +345,7 @@ struct EpilogueWarpgroupKernel : Base {
         if (warp < tile_rows) load_row(pre_at, dh_at, p_at, w, dh, p);
         CUTLASS_PRAGMA_NO_UNROLL
         for (int r = warp; r < tile_rows; r += kEpiWarps) {
-          // the next row's pre and p in flight under this row's math
+          // the next row's pre, dh and p in flight under this row's math
           uint2 w_next[kChunks];
           float2 dh_next[kChunks];
           float p_next = 1.0f;
@@ -423,8 +424,8 @@ struct EpilogueWarpgroupKernel : Base {
         float* mine = node.col_partial + (slot * kTileColumnSumWarps + warp) * node.col_partial_ld;
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kChunks; ++k) {
+          if (!in_tile(k)) continue;
           const int32_t c = n0 + 2 * lane + 64 * k;
-          if (2 * lane + 64 * k + 2 > cols) continue;
           if constexpr (kHalvesOut) {
             *reinterpret_cast<float2*>(mine + c) = make_float2(sums[k][0], sums[k][2]);
             *reinterpret_cast<float2*>(mine + n + c) = make_float2(sums[k][1], sums[k][3]);
