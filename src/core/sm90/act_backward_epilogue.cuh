@@ -84,19 +84,13 @@ struct Sm90ActBackward : NodeWithoutLoads {
     const int32_t* offs;
     float* col_partial;
     int64_t col_partial_ld;
-#if CUTE_MOE_EPI_WG
     OutputMatrix hp_out;       // p * h and dlinear as plain matrices (the direct stores of
     OutputMatrix dlinear_out;  // epilogue_warpgroup_kernel.cuh)
-#endif
   };
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
     Params p{a.act,  a.group_scale, a.ptr_partial, a.partial_stride, Store::to_params(a.hp, a.offs), {},
-             a.offs, a.col_partial, a.col_partial_ld
-#if CUTE_MOE_EPI_WG
-             , a.hp, a.dlinear
-#endif
-    };
+             a.offs, a.col_partial, a.col_partial_ld, a.hp, a.dlinear};
     if constexpr (kHalvesOut) p.dlinear = Store::to_params(a.dlinear, a.offs);
     return p;
   }

@@ -7,9 +7,7 @@
 #include "act_backward_epilogue.cuh"
 #include "act_functors.h"  // generated: ActFunctor<Act> -> functor of activations.h
 #include "kernel_instance.cuh"
-#if CUTE_MOE_EPI_WG
 #include "epilogue_warpgroup_kernel.cuh"
-#endif
 
 namespace cute_moe::detail {
 
@@ -24,16 +22,14 @@ struct ActBackwardEpilogue {
   // buffers (16 KB each) come out of those rather than out of the mainloop's stages (at
   // 128x192: 4 and 3 stages, as with CUTLASS's 4 C stages and no buffers of ours).
   static constexpr int kStagesC = 3;
-#if CUTE_MOE_EPI_WG
-  // EXPERIMENT (CMake CUTE_MOE_EPILOGUE_WARPGROUPS): the 128x192 cooperative row of a gated
-  // activation runs the kernel with the epilogue in warps of its own
-  // (epilogue_warpgroup_kernel.cuh) on the pingpong twin's collectives.
+  // The 128x192 cooperative row of a gated activation runs the kernel with the epilogue in
+  // warps of its own (epilogue_warpgroup_kernel.cuh: 1.11-1.12x at GPT-OSS-20B on an H200,
+  // the same bits) on the pingpong twin's collectives.
   template <class Kernel, class TileShape, bool kCooperative, class PingpongTypes>
   using KernelWrap = typename EpilogueWarpgroupOf<
       kCooperative && Activation::kGated && decltype(cute::size<0>(TileShape{}))::value == 128 &&
           decltype(cute::size<1>(TileShape{}))::value == 192,
       Kernel, PingpongTypes, Activation, kHalvesOut>::type;
-#endif
   template <class TileShape, class ElementD, class EpiDesc>
   using Tree = cutlass::epilogue::fusion::Sm90EVT<
       Sm90ActBackward<Activation, kHalvesOut, typename EpiDesc::EpilogueTile, EpiDesc::StagesD>,

@@ -12,34 +12,36 @@
 // and ptxas must fit the mainloop's WGMMA under that cap):
 //   warpgroup 0     CUTLASS's producer warps (the mainloop's TMA loads, the scheduler)
 //   warpgroup 1     the mainloop on the whole 128x192 tile (pingpong's collective: one
-//                   warpgroup, 192 accumulator registers); at a tile's end the accumulator
-//                   (fp32) goes to the CTA's scratch tile in global memory (L2: 96 KB a
-//                   CTA, more than shared memory has beside four mainloop stages) and the
-//                   next tile's mainloop starts at once
+//                   warpgroup, 192 accumulator registers, four 40 KB stages); at a tile's
+//                   end the accumulator (fp32) goes to the epilogue in two halves of 64
+//                   rows through one shared buffer, and the next tile's mainloop starts
 //   warpgroups 2-3  the epilogue, eight warps (two on each SM sub-partition): one row of the
 //                   tile at a time per warp, each lane three column pairs 64 apart (so every
-//                   global access of a warp is one contiguous run): dh from the scratch, pre
-//                   from global memory (the tile's rows prefetched into L2 when it arrives),
-//                   dpre and p * h stored directly, the row-scale-gradient partial by a warp
-//                   sum, dpre's column sums (the up projection's bias gradient) per warp
-// Two named barriers hand the scratch tile over (full: consumer -> epilogue; empty: back);
-// the tile's coordinates go through shared memory.
-// (Session 34 first handed dh over in shared memory as bf16, 128 x 200 with padded rows:
-// 1.07x at GPT-OSS-20B, but the extra rounding broke two GPU tests; commit 63218b1. This
-// fp32 handoff gives the default kernel's bits, at 0.97-1.04x on an H200: the scratch tile's
-// 192 KB of L2 traffic a tile and the stores on the mainloop's critical path eat the gain.)
+//                   global access of a warp is one contiguous run): pre from global memory
+//                   (the tile's rows prefetched into L2 when it arrives), dpre and p * h
+//                   stored directly, the row-scale-gradient partial by a warp sum, dpre's
+//                   column sums (the up projection's bias gradient) per warp
+// The handoff: fp32 dh of a whole tile (96 KB) does not fit beside four stages (160 KB), half
+// a tile does. The consumer writes the first half; the epilogue takes it into registers (48
+// a thread) and frees the buffer; the consumer writes the second half, which the epilogue
+// reads from the buffer after the first half's rows. The consumer waits only for that copy.
+// Two mbarriers order it (full: consumer -> epilogue; empty: back); the tile's coordinates
+// go through shared memory with the first half.
+// (Session 34 handed dh over as bf16, 1.07x at GPT-OSS-20B but not the default kernel's
+// bits, or in fp32 through a scratch tile in L2, the same bits at 0.97-1.04x; session 35
+// tried fp32 whole tiles beside 3 stages of k = 64 or 6 of k = 32: 1.00 and 1.01-1.03x.)
 //
 // The function of Sm90ActBackward (act_backward_epilogue.cuh), bit for bit in dpre and p * h;
 // the fp32 sums (the row-scale-gradient partials, dpre's column sums) in another order.
 // Gated activations; dpre interleaved or in [dgate | dlinear] halves.
 #pragma once
 
-#include <algorithm>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/bfloat16.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "activations.h"
@@ -51,16 +53,26 @@ namespace epi_wg {
 
 constexpr int kTileM = 128;
 constexpr int kTileN = 192;
+constexpr int kHalfM = kTileM / 2;        // the handoff buffer's rows: half a tile
+constexpr int kBufLd = kTileN + 8;        // fp32 per buffer row (see the consumer's stores)
 constexpr int kEpiWarps = 8;              // two warpgroups
 constexpr int kChunks = kTileN / 64;      // a lane's column pairs in a row
-constexpr uint32_t kHandoffThreads = 128 + 32 * kEpiWarps;
-constexpr uint32_t kFullBarrier = 0;      // named barriers (user ids: CUTLASS adds its reserved count)
-constexpr uint32_t kEmptyBarrier = 1;
+// The buffer's handoff: mbarriers (their arrive releases, their wait acquires: the stores
+// before `full`'s arrive are seen after its wait, the loads before `empty`'s arrive have
+// read before the buffer is written again). A side's phase bit flips at each use; the
+// writer's starts at 1, so its first wait on `empty` passes.
+struct Handoff {
+  cutlass::arch::ClusterBarrier full, empty;
+};
+constexpr uint32_t kWriters = 128;                 // the consumer warpgroup
+constexpr uint32_t kReaders = 32 * kEpiWarps;      // the epilogue warps
 
 struct TileInfo {
   int32_t m, n, l, valid;
 };
-constexpr size_t kScratchTileBytes = size_t(kTileM) * kTileN * sizeof(float);
+// the mainloop's k-tile and stages: 4 x 40 KB beside the 50 KB handoff buffer
+constexpr int kTileK = 64;
+constexpr int kStages = 4;
 
 CUTLASS_DEVICE void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
@@ -88,39 +100,19 @@ struct EpilogueWarpgroupKernel : Base {
   using PipelineState = typename CollectiveMainloop::PipelineState;
   using SchedulerPipeline = typename TileScheduler::Pipeline;
 
-  // CUTLASS's parameters, plus the CTAs' scratch tiles at the end of the workspace (one per
-  // CTA of the persistent grid: at most one per SM, rounded up to whole clusters)
-  using typename Base::Arguments;
-  using BaseParams = typename Base::Params;
-  struct Params : BaseParams {
-    float* scratch = nullptr;
-    int32_t scratch_tiles = 0;
-  };
-  static int32_t scratch_tiles(Arguments const& args) {
-    const int32_t cluster = int32_t(cute::size(ClusterShape{}));
-    return (std::max(args.hw_info.sm_count, 1) + cluster - 1) / cluster * cluster;
-  }
-  static size_t base_workspace(Arguments const& args) { return (Base::get_workspace_size(args) + 255) / 256 * 256; }
-  static size_t get_workspace_size(Arguments const& args) {
-    return base_workspace(args) + size_t(scratch_tiles(args)) * epi_wg::kScratchTileBytes;
-  }
-  static Params to_underlying_arguments(Arguments const& args, void* workspace) {
-    Params p;
-    static_cast<BaseParams&>(p) = Base::to_underlying_arguments(args, workspace);
-    p.scratch = reinterpret_cast<float*>(static_cast<char*>(workspace) + base_workspace(args));
-    p.scratch_tiles = scratch_tiles(args);
-    return p;
-  }
+  using typename Base::Params;
 
-  // CUTLASS's storage less the collective epilogue's, plus the handed-over tile's coordinates
-  // (named `epilogue`, where the collective's storage was)
+  // CUTLASS's storage less the collective epilogue's, plus the handoff buffer (named
+  // `epilogue`, where the collective's storage was) and the tile it holds
   using BaseStorage = typename Base::SharedStorage;
   struct SharedStorage {
     struct TensorStorage : cute::aligned_struct<128, cute::_1> {
       typename BaseStorage::TensorStorage::MainloopTensorStorage mainloop;
-      alignas(16) epi_wg::TileInfo epilogue;
+      alignas(128) cute::array_aligned<float, epi_wg::kHalfM * epi_wg::kBufLd> epilogue;
+      alignas(16) epi_wg::TileInfo info;
     } tensors;
     typename BaseStorage::PipelineStorage pipelines;
+    alignas(16) epi_wg::Handoff handoff;
     alignas(16) typename Base::TileSchedulerResponse scheduler_response[Base::TileSchedulerStages];
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
@@ -128,8 +120,9 @@ struct EpilogueWarpgroupKernel : Base {
 
   static constexpr uint32_t MaxThreadsPerBlock = 4 * cutlass::NumThreadsPerWarpGroup;
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
-  // per warpgroup: the producer's, the consumer's (a 192-register accumulator), each epilogue one's
-  static constexpr uint32_t kLoadRegs = 40, kMmaRegs = 232, kEpiRegs = 120;
+  // per warpgroup: the producer's (two busy warps), the consumer's (a 192-register
+  // accumulator), each epilogue one's (48 of them hold the first half's dh; at 120, ptxas spills)
+  static constexpr uint32_t kLoadRegs = 24, kMmaRegs = 232, kEpiRegs = 128;
   static_assert(kLoadRegs + kMmaRegs + 2 * kEpiRegs <= 512, "the register file: 64 K over 512 threads");
   static_assert(!Base::IsMainloopAuxiliaryLoadNeeded, "no auxiliary load warp");
 
@@ -138,7 +131,7 @@ struct EpilogueWarpgroupKernel : Base {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(size(TiledMma{}) == 128, "one consumer warpgroup holds the whole tile (pingpong's TiledMma)");
     static_assert(size<0>(TileShape{}) == epi_wg::kTileM && size<1>(TileShape{}) == epi_wg::kTileN,
-                  "the scratch tile is 128 x 192");
+                  "the buffer holds a 128 x 192 tile");
     enum class Role { Mainloop = 0, MainloopAux = 1, Unused = 2, Scheduler = 3 };
     SharedStorage& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
     TileScheduler scheduler{params.scheduler, storage.scheduler_response};
@@ -169,6 +162,12 @@ struct EpilogueWarpgroupKernel : Base {
     mp.num_producers = Base::NumProducerThreads;
     mp.transaction_bytes = params.mainloop.tma_transaction_bytes;
     MainloopPipeline pipeline(storage.pipelines.mainloop, mp, ClusterShape{});
+    epi_wg::Handoff& handoff = storage.handoff;
+    if (thread_idx == 0) {
+      handoff.full.init(epi_wg::kWriters);
+      handoff.empty.init(epi_wg::kReaders);
+    }
+    cutlass::arch::fence_barrier_init();
 
     if constexpr (size(ClusterShape{}) > 1) {
       cluster_arrive_relaxed();
@@ -177,10 +176,8 @@ struct EpilogueWarpgroupKernel : Base {
       __syncthreads();
     }
 
-    epi_wg::TileInfo* info = &storage.tensors.epilogue;
-    const int32_t cta = int32_t(blockIdx.x + blockIdx.y * gridDim.x + blockIdx.z * gridDim.x * gridDim.y);
-    if (cta >= params.scratch_tiles) __trap();  // (the grid is at most one CTA per SM)
-    float* scratch = params.scratch + int64_t(cta) * (epi_wg::kTileM * epi_wg::kTileN);  // (128, 192)
+    float* buffer = storage.tensors.epilogue.data();  // (64, kBufLd)
+    epi_wg::TileInfo* info = &storage.tensors.info;
 
     auto work = scheduler.initial_work_tile_info(ClusterShape{});
     if (!work.is_valid()) return;  // (every warpgroup alike: the scheduler's answer is the CTA's)
@@ -228,6 +225,7 @@ struct EpilogueWarpgroupKernel : Base {
       cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
       TiledMma tiled_mma;
       PipelineState read;
+      uint32_t empty_phase = 1;
       Tensor coords = tiled_mma.get_slice(mma_thread).partition_C(make_identity_tensor(take<0, 2>(blk_shape)));
       do {
         problem = append<4>(params.problem_shape.get_problem_shape(work.L_idx), 1);
@@ -238,44 +236,56 @@ struct EpilogueWarpgroupKernel : Base {
         read.advance(k_tiles);
         const auto tile = work;
         work = next_work();
-        // the scratch tile is the epilogue's until it has read the last tile; meanwhile the
-        // producer already loads the next tile's k-tiles
-        cutlass::arch::NamedBarrier::sync(epi_wg::kHandoffThreads, epi_wg::kEmptyBarrier);
+        // The tile goes over in two halves of 64 rows through one 64-row buffer: the
+        // epilogue takes the first into its registers and frees the buffer for the second.
         // (i, i + 1): adjacent columns of one row, at a compile-time offset from the thread's
-        // first element (one address register, not one per store)
-        float* first = scratch + get<0>(coords(0)) * epi_wg::kTileN + get<1>(coords(0));
+        // first element (one address register, not one per store); the fragment's rows are
+        // the thread's first row + 0, 8 (first half), 64, 72 (second). A warp's store covers
+        // 8 rows x 4 lanes; rows kBufLd = 200 words apart put each bank under two of its
+        // lanes (a 64-bit store's minimum of two wavefronts), where 192 would put it under eight.
+        float* first = buffer + get<0>(coords(0)) * epi_wg::kBufLd + get<1>(coords(0));
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); i += 2) {
-          const int offset = (get<0>(coords(i)) - get<0>(coords(0))) * epi_wg::kTileN + get<1>(coords(i)) -
-                             get<1>(coords(0));
-          *reinterpret_cast<float2*>(first + offset) = make_float2(accum(i), accum(i + 1));
+        for (int half = 0; half < 2; ++half) {
+          // free once the epilogue has finished the last tile (first half) or taken this
+          // tile's first half (second); meanwhile the producer loads the next tile's k-tiles
+          handoff.empty.wait(empty_phase);
+          empty_phase ^= 1;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(accum); i += 2) {
+            const int row = get<0>(coords(i)) - get<0>(coords(0));
+            if (row / epi_wg::kHalfM != half) continue;
+            const int offset = (row - half * epi_wg::kHalfM) * epi_wg::kBufLd + get<1>(coords(i)) - get<1>(coords(0));
+            *reinterpret_cast<float2*>(first + offset) = make_float2(accum(i), accum(i + 1));
+          }
+          if (half == 0 && mma_thread == 0) {
+            *info = {int32_t(tile.M_idx), int32_t(tile.N_idx), int32_t(tile.L_idx), 1};
+          }
+          handoff.full.arrive();
         }
-        if (mma_thread == 0) *info = {int32_t(tile.M_idx), int32_t(tile.N_idx), int32_t(tile.L_idx), 1};
-        __threadfence_block();  // the stores before the arrive, for the epilogue's loads
-        cutlass::arch::NamedBarrier::arrive(epi_wg::kHandoffThreads, epi_wg::kFullBarrier);
       } while (work.is_valid());
-      cutlass::arch::NamedBarrier::sync(epi_wg::kHandoffThreads, epi_wg::kEmptyBarrier);
+      handoff.empty.wait(empty_phase);
       if (mma_thread == 0) info->valid = 0;
-      cutlass::arch::NamedBarrier::arrive(epi_wg::kHandoffThreads, epi_wg::kFullBarrier);
+      handoff.full.arrive();
     } else {
-      cutlass::arch::warpgroup_reg_dealloc<kEpiRegs>();  // (the launch gives every thread 128)
-      epilogue(params, scratch, info, thread_idx - 2 * int(cutlass::NumThreadsPerWarpGroup));
+      cutlass::arch::warpgroup_reg_dealloc<kEpiRegs>();  // (what the launch gives every thread)
+      epilogue(params, handoff, buffer, info, thread_idx - 2 * int(cutlass::NumThreadsPerWarpGroup));
     }
 #endif
   }
 
-  // The epilogue warps: tiles from the scratch until the consumer says there are none.
+  // The epilogue warps: tiles from the buffer until the consumer says there are none.
   // t: the thread's index among the epilogue's 32 * kEpiWarps.
-  CUTLASS_DEVICE void epilogue(Params const& params, float const* scratch, epi_wg::TileInfo const* info, int t) {
+  CUTLASS_DEVICE void epilogue(Params const& params, epi_wg::Handoff& handoff, float const* buffer, epi_wg::TileInfo const* info, int t) {
     using namespace cute;
     using namespace epi_wg;
     auto const& node = params.epilogue.thread.op_3;  // Sm90ActBackward's params
     float const* const* row_scales = params.epilogue.thread.op_2.ptr_col;
     const int warp = t / 32, lane = t % 32;
     static_assert(kEpiWarps == kTileColumnSumWarps, "a column-sum row per epilogue warp");
-    cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kEmptyBarrier);  // the scratch tile starts free
+    uint32_t full_phase = 0;
     while (true) {
-      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kFullBarrier);
+      handoff.full.wait(full_phase);  // the tile's first half
+      full_phase ^= 1;
       const TileInfo tile = *info;
       if (!tile.valid) break;
       const int l = tile.l;
@@ -312,6 +322,19 @@ struct EpilogueWarpgroupKernel : Base {
       // The lane's columns: pairs c = 2 lane + 64 k, those inside the tile's columns. A whole
       // tile (every tile at GPT-OSS-20B and Qwen3-30B-A3B) runs without a test per pair.
       auto in_tile = [&](int k) { return 2 * lane + 64 * k + 2 <= cols; };
+      // The first half's dh into registers (a warp's rows warp + kEpiWarps i, i < kHalfRows),
+      // which frees the buffer for the second half. Every row is read, those past the
+      // group's end too (the consumer writes the whole tile): no tests.
+      constexpr int kHalfRows = kHalfM / kEpiWarps;
+      float2 dh_first[kHalfRows][kChunks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kHalfRows; ++i) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kChunks; ++k) {
+          dh_first[i][k] = *reinterpret_cast<float2 const*>(buffer + (warp + kEpiWarps * i) * kBufLd + 2 * lane + 64 * k);
+        }
+      }
+      handoff.empty.arrive();
       auto rows_loop = [&](auto whole) {
         constexpr bool kWhole = decltype(whole)::value;
         bool on[kChunks];
@@ -326,38 +349,28 @@ struct EpilogueWarpgroupKernel : Base {
                                     : reinterpret_cast<uint32_t*>(d_base) + int64_t(m0 + warp) * ldd + n0 + 2 * lane;
         const int64_t dlinear_words = kHalvesOut ? int64_t(n) / 2 : 0;  // dlinear: n columns past dgate
         uint32_t* hp_at = hp + int64_t(warp) * hp_ld + lane;
-        float const* dh_at = scratch + warp * kTileN + 2 * lane;
         float const* p_at = p_rows != nullptr ? p_rows + warp : nullptr;
-        // a row's pre words, dh (from L2: the scratch tile is rewritten every tile, so not
-        // through L1) and p
-        auto load_row = [&](uint32_t const* src, float const* dh_src, float const* p_src, uint2 (&w)[kChunks],
-                            float2 (&dh)[kChunks], float& p) {
+        // a row's pre words and p
+        auto load_row = [&](uint32_t const* src, float const* p_src, uint2 (&w)[kChunks], float& p) {
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kChunks; ++k) {
             w[k] = on[k] ? __ldg(reinterpret_cast<uint2 const*>(src + 64 * k)) : make_uint2(0, 0);
-            dh[k] = on[k] ? __ldcg(reinterpret_cast<float2 const*>(dh_src + 64 * k)) : make_float2(0.0f, 0.0f);
           }
           p = p_src != nullptr ? __ldg(p_src) : 1.0f;
         };
         uint2 w[kChunks];
-        float2 dh[kChunks];
         float p = 1.0f;
-        if (warp < tile_rows) load_row(pre_at, dh_at, p_at, w, dh, p);
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int r = warp; r < tile_rows; r += kEpiWarps) {
-          // the next row's pre, dh and p in flight under this row's math
+        if (warp < tile_rows) load_row(pre_at, p_at, w, p);
+        // row r with its pre words w, p and dh; then the pointers one step on and the next
+        // row's pre and p (in flight under this row's math) in w and p
+        auto row = [&](int r, float2 const (&dh)[kChunks]) {
           uint2 w_next[kChunks];
-          float2 dh_next[kChunks];
           float p_next = 1.0f;
           if (r + kEpiWarps < tile_rows) {
-            load_row(pre_at + kEpiWarps * ldc, dh_at + kEpiWarps * kTileN, p_at != nullptr ? p_at + kEpiWarps : nullptr,
-                     w_next, dh_next, p_next);
+            load_row(pre_at + kEpiWarps * ldc, p_at != nullptr ? p_at + kEpiWarps : nullptr, w_next, p_next);
           } else {
             CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kChunks; ++k) {
-              w_next[k] = make_uint2(0, 0);
-              dh_next[k] = make_float2(0.0f, 0.0f);
-            }
+            for (int k = 0; k < kChunks; ++k) w_next[k] = make_uint2(0, 0);
           }
           float hs = 0.0f;  // h * s over the row's columns (the row-scale gradient's part)
           CUTLASS_PRAGMA_UNROLL
@@ -400,16 +413,31 @@ struct EpilogueWarpgroupKernel : Base {
             if (lane == 0) partial[r] = hs;
           }
           CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kChunks; ++k) {
-            w[k] = w_next[k];
-            dh[k] = dh_next[k];
-          }
+          for (int k = 0; k < kChunks; ++k) w[k] = w_next[k];
           p = p_next;
           pre_at += kEpiWarps * ldc;
           d_at += kEpiWarps * d_row;
           hp_at += kEpiWarps * hp_ld;
-          dh_at += kEpiWarps * kTileN;
           if (p_at != nullptr) p_at += kEpiWarps;
+        };
+        // the first half from the registers (unrolled: the rows index them)
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kHalfRows; ++i) {
+          if (warp + kEpiWarps * i < tile_rows) row(warp + kEpiWarps * i, dh_first[i]);
+        }
+        // the second half from the buffer, once the consumer has written it
+        handoff.full.wait(full_phase);
+        full_phase ^= 1;
+        float const* dh_at = buffer + warp * kBufLd + 2 * lane;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int r = kHalfM + warp; r < tile_rows; r += kEpiWarps) {
+          float2 dh[kChunks];
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kChunks; ++k) {
+            dh[k] = on[k] ? *reinterpret_cast<float2 const*>(dh_at + 64 * k) : make_float2(0.0f, 0.0f);
+          }
+          row(r, dh);
+          dh_at += kEpiWarps * kBufLd;
         }
       };
       if (cols == kTileN) {
@@ -434,7 +462,7 @@ struct EpilogueWarpgroupKernel : Base {
           }
         }
       }
-      cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kEmptyBarrier);
+      handoff.empty.arrive();
     }
   }
 };
@@ -447,7 +475,17 @@ struct EpilogueWarpgroupOf {
 };
 template <class Kernel, class PingpongTypes, class Activation, bool kHalvesOut>
 struct EpilogueWarpgroupOf<true, Kernel, PingpongTypes, Activation, kHalvesOut> {
-  using type = EpilogueWarpgroupKernel<typename PingpongTypes::CutlassKernel, Activation, kHalvesOut>;
+  using T = PingpongTypes;
+  // the twin's mainloop rebuilt with the k-tile and stage count that leave room for the buffer
+  using Mainloop = typename T::Traits::Mainloop::template type<typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename T::ElementAB,
+      typename T::Operands::template LayoutTagA<typename T::Traits::LayoutA>, T::kAlignAB, typename T::ElementAB,
+      typename T::Operands::template LayoutTagB<typename T::Traits::LayoutB>, T::kAlignAB, float,
+      cute::Shape<cute::Int<epi_wg::kTileM>, cute::Int<epi_wg::kTileN>, cute::Int<epi_wg::kTileK>>,
+      typename T::ClusterShape, cutlass::gemm::collective::StageCount<epi_wg::kStages>,
+      typename T::MainloopSchedule>::CollectiveOp>;
+  using Base = cutlass::gemm::kernel::GemmUniversal<typename T::ProblemShape, Mainloop, typename T::CollectiveEpilogue>;
+  using type = EpilogueWarpgroupKernel<Base, Activation, kHalvesOut>;
 };
 
 }  // namespace cute_moe::detail
