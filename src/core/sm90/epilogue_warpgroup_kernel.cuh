@@ -1,6 +1,6 @@
 // The fused activation backward (down-projection dgrad + act') with its epilogue in warps of
 // its own, so a tile's epilogue runs while the next tile's mainloop keeps the tensor cores
-// busy (docs/perf-notes.md, session 34).
+// busy (docs/perf-notes.md, sessions 34-35).
 //
 // Why: in CUTLASS's cooperative kernel both consumer warpgroups run the epilogue (~46
 // instructions per (gate, linear) pair, ~10 us of a ~36 us tile at GPT-OSS-20B) with the
