@@ -46,6 +46,7 @@
 
 #include "activations.h"
 #include "group_column_sum.h"  // kTileColumnSumWarps, tile_column_sum_slot
+#include "own_kernel_parts.cuh"
 
 namespace cute_moe::detail {
 
@@ -57,19 +58,9 @@ constexpr int kHalfM = kTileM / 2;        // the handoff buffer's rows: half a t
 constexpr int kBufLd = kTileN + 8;        // fp32 per buffer row (see the consumer's stores)
 constexpr int kEpiWarps = 8;              // two warpgroups
 constexpr int kChunks = kTileN / 64;      // a lane's column pairs in a row
-// The buffer's handoff: mbarriers (their arrive releases, their wait acquires: the stores
-// before `full`'s arrive are seen after its wait, the loads before `empty`'s arrive have
-// read before the buffer is written again). A side's phase bit flips at each use; the
-// writer's starts at 1, so its first wait on `empty` passes.
-struct Handoff {
-  cutlass::arch::ClusterBarrier full, empty;
-};
+// the buffer's handoff (own_kernel::Handoff)
 constexpr uint32_t kWriters = 128;                 // the consumer warpgroup
 constexpr uint32_t kReaders = 32 * kEpiWarps;      // the epilogue warps
-
-struct TileInfo {
-  int32_t m, n, l, valid;
-};
 // the mainloop's k-tile and stages: 4 x 40 KB beside the 50 KB handoff buffer
 constexpr int kTileK = 64;
 constexpr int kStages = 4;
@@ -109,10 +100,10 @@ struct EpilogueWarpgroupKernel : Base {
     struct TensorStorage : cute::aligned_struct<128, cute::_1> {
       typename BaseStorage::TensorStorage::MainloopTensorStorage mainloop;
       alignas(128) cute::array_aligned<float, epi_wg::kHalfM * epi_wg::kBufLd> epilogue;
-      alignas(16) epi_wg::TileInfo info;
+      alignas(16) own_kernel::TileInfo info;
     } tensors;
     typename BaseStorage::PipelineStorage pipelines;
-    alignas(16) epi_wg::Handoff handoff;
+    alignas(16) own_kernel::Handoff handoff;
     alignas(16) typename Base::TileSchedulerResponse scheduler_response[Base::TileSchedulerStages];
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
@@ -162,22 +153,12 @@ struct EpilogueWarpgroupKernel : Base {
     mp.num_producers = Base::NumProducerThreads;
     mp.transaction_bytes = params.mainloop.tma_transaction_bytes;
     MainloopPipeline pipeline(storage.pipelines.mainloop, mp, ClusterShape{});
-    epi_wg::Handoff& handoff = storage.handoff;
-    if (thread_idx == 0) {
-      handoff.full.init(epi_wg::kWriters);
-      handoff.empty.init(epi_wg::kReaders);
-    }
-    cutlass::arch::fence_barrier_init();
-
-    if constexpr (size(ClusterShape{}) > 1) {
-      cluster_arrive_relaxed();
-      cluster_wait();
-    } else {
-      __syncthreads();
-    }
+    own_kernel::Handoff& handoff = storage.handoff;
+    if (thread_idx == 0) handoff.init(epi_wg::kWriters, epi_wg::kReaders);
+    own_kernel::start_cluster<ClusterShape>();
 
     float* buffer = storage.tensors.epilogue.data();  // (64, kBufLd)
-    epi_wg::TileInfo* info = &storage.tensors.info;
+    own_kernel::TileInfo* info = &storage.tensors.info;
 
     auto work = scheduler.initial_work_tile_info(ClusterShape{});
     if (!work.is_valid()) return;  // (every warpgroup alike: the scheduler's answer is the CTA's)
@@ -193,13 +174,7 @@ struct EpilogueWarpgroupKernel : Base {
     if (producer) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
       if (role == Role::Scheduler) {
-        auto write = cutlass::make_producer_start_state<SchedulerPipeline>();
-        do {
-          auto [next, increment] = scheduler.advance_to_next_work(scheduler_pipeline, write);
-          work = next;
-          if (increment) ++write;
-        } while (work.is_valid());
-        scheduler_pipeline.producer_tail(write);
+        own_kernel::run_scheduler(scheduler, scheduler_pipeline);
       } else if (role == Role::Mainloop) {
         auto inputs = mainloop.load_init(problem, params.mainloop);
         auto write = cutlass::make_producer_start_state<MainloopPipeline>();
@@ -275,7 +250,7 @@ struct EpilogueWarpgroupKernel : Base {
 
   // The epilogue warps: tiles from the buffer until the consumer says there are none.
   // t: the thread's index among the epilogue's 32 * kEpiWarps.
-  CUTLASS_DEVICE void epilogue(Params const& params, epi_wg::Handoff& handoff, float const* buffer, epi_wg::TileInfo const* info, int t) {
+  CUTLASS_DEVICE void epilogue(Params const& params, own_kernel::Handoff& handoff, float const* buffer, own_kernel::TileInfo const* info, int t) {
     using namespace cute;
     using namespace epi_wg;
     auto const& node = params.epilogue.thread.op_3;  // Sm90ActBackward's params
@@ -286,7 +261,7 @@ struct EpilogueWarpgroupKernel : Base {
     while (true) {
       handoff.full.wait(full_phase);  // the tile's first half
       full_phase ^= 1;
-      const TileInfo tile = *info;
+      const own_kernel::TileInfo tile = *info;
       if (!tile.valid) break;
       const int l = tile.l;
       auto shape = params.problem_shape.get_problem_shape(l);
@@ -347,7 +322,7 @@ struct EpilogueWarpgroupKernel : Base {
         const int64_t d_row = kHalvesOut ? ldd / 2 : ldd;  // in 32-bit words
         uint32_t* d_at = kHalvesOut ? reinterpret_cast<uint32_t*>(d_base + int64_t(m0 + warp) * ldd + n0) + lane
                                     : reinterpret_cast<uint32_t*>(d_base) + int64_t(m0 + warp) * ldd + n0 + 2 * lane;
-        const int64_t dlinear_words = kHalvesOut ? int64_t(n) / 2 : 0;  // dlinear: n columns past dgate
+        [[maybe_unused]] const int64_t dlinear_words = kHalvesOut ? int64_t(n) / 2 : 0;  // dlinear: n columns past dgate
         uint32_t* hp_at = hp + int64_t(warp) * hp_ld + lane;
         float const* p_at = p_rows != nullptr ? p_rows + warp : nullptr;
         // a row's pre words and p

@@ -41,17 +41,13 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "fixed_tma_store.cuh"  // FixedTmaStore, kernel_smem_base
+#include "own_kernel_parts.cuh"
 
 namespace cute_moe::detail {
 
 namespace store_warp {
 
-struct Handoff {
-  cutlass::arch::ClusterBarrier full, empty;
-};
-struct TileInfo {
-  int32_t m, n, l, valid;
-};
+// the buffer's handoff (own_kernel::Handoff)
 constexpr uint32_t kWriters = 256;  // both consumer warpgroups
 constexpr uint32_t kReaders = 32;   // the store warp
 
@@ -88,8 +84,8 @@ struct StoreWarpKernel : Base {
     typename BaseStorage::PipelineStorage pipelines;
     alignas(16) typename Base::TileSchedulerResponse scheduler_response[Base::TileSchedulerStages];
     typename BaseStorage::TensorMapStorage tensormaps;
-    alignas(16) store_warp::Handoff handoff;
-    alignas(16) store_warp::TileInfo info;
+    alignas(16) own_kernel::Handoff handoff;
+    alignas(16) own_kernel::TileInfo info;
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
   static_assert(SharedStorageSize <= 227 * 1024, "shared memory: 227 KB a CTA");
@@ -102,7 +98,7 @@ struct StoreWarpKernel : Base {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(size(TiledMma{}) == 256, "the cooperative tile: two consumer warpgroups");
-    enum class Role { Mainloop = 0, MainloopAux = 1, Store = 2, Scheduler = 3 };
+    enum class Role { Mainloop = 0, MainloopAux = 1, StoreWarp = 2, Scheduler = 3 };
     SharedStorage& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
     TileScheduler scheduler{params.scheduler, storage.scheduler_response};
     CollectiveMainloop mainloop;
@@ -132,24 +128,14 @@ struct StoreWarpKernel : Base {
     // the barriers now; a consumer's release masks in its own branch (made here, they stay
     // live through the producers' code and ptxas spills them, reloading them every k-tile)
     MainloopPipeline pipeline(storage.pipelines.mainloop, mp, ClusterShape{}, cute::true_type{}, cute::false_type{});
-    store_warp::Handoff& handoff = storage.handoff;
-    if (thread_idx == 0) {
-      handoff.full.init(store_warp::kWriters);
-      handoff.empty.init(store_warp::kReaders);
-    }
-    cutlass::arch::fence_barrier_init();
-
-    if constexpr (size(ClusterShape{}) > 1) {
-      cluster_arrive_relaxed();
-      cluster_wait();
-    } else {
-      __syncthreads();
-    }
+    own_kernel::Handoff& handoff = storage.handoff;
+    if (thread_idx == 0) handoff.init(store_warp::kWriters, store_warp::kReaders);
+    own_kernel::start_cluster<ClusterShape>();
 
     auto const& tree = params.epilogue.thread;
     auto const& d_store = tree.op_1;  // Sm90StoreD's: D's descriptor, the buffer's offset
     Element* buffer = reinterpret_cast<Element*>(kernel_smem_base() + d_store.smem_offset);
-    store_warp::TileInfo* info = &storage.info;
+    own_kernel::TileInfo* info = &storage.info;
 
     auto work = scheduler.initial_work_tile_info(ClusterShape{});
     if (!work.is_valid()) return;  // (every warp alike: the scheduler's answer is the CTA's)
@@ -165,13 +151,7 @@ struct StoreWarpKernel : Base {
     if (producer) {
       cutlass::arch::warpgroup_reg_dealloc<Base::LoadRegisterRequirement>();  // (the store warp's too)
       if (role == Role::Scheduler) {
-        auto write = cutlass::make_producer_start_state<SchedulerPipeline>();
-        do {
-          auto [next, increment] = scheduler.advance_to_next_work(scheduler_pipeline, write);
-          work = next;
-          if (increment) ++write;
-        } while (work.is_valid());
-        scheduler_pipeline.producer_tail(write);
+        own_kernel::run_scheduler(scheduler, scheduler_pipeline);
       } else if (role == Role::Mainloop || role == Role::MainloopAux) {
         // each producer warp's own loop (one loop for both costs spills under 40 registers)
         auto load_tiles = [&](auto aux) {
@@ -313,15 +293,15 @@ struct StoreWarpKernel : Base {
 
   // The store warp: each tile's TMA stores once the consumers have written it, the buffer
   // freed once they have read it, until the consumers say there are no more tiles.
-  CUTLASS_DEVICE static void store_tiles(typename Store::Params const& params, store_warp::Handoff& handoff,
-                                         Element* buffer, store_warp::TileInfo const* info) {
+  CUTLASS_DEVICE static void store_tiles(typename Store::Params const& params, own_kernel::Handoff& handoff,
+                                         Element* buffer, own_kernel::TileInfo const* info) {
     using namespace cute;
     uint32_t full_phase = 0;
     const bool leader = cute::elect_one_sync();
     while (true) {
       handoff.full.wait(full_phase);
       full_phase ^= 1;
-      const store_warp::TileInfo tile = *info;
+      const own_kernel::TileInfo tile = *info;
       if (!tile.valid) break;
       if (leader) {
         // the group's rows through the descriptor's ragged modes (fixed_tma_store.cuh)
