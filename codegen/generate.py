@@ -103,7 +103,7 @@ def acts_of(v: ks.Variant) -> list[ks.Activation | None]:
 
 def tile_name(t: ks.Tile) -> str:
     """The configuration's public name (GemmOptions::config, CUTE_MOE_CONFIG)."""
-    sched = {"Cooperative": "coop", "Pingpong": "pong"}[t.schedule]
+    sched = ks.SCHEDULES[t.schedule]
     return f"{t.tile_m}x{t.tile_n}x{t.tile_k}_{t.cluster_m}x{t.cluster_n}_{sched}"
 
 
@@ -237,7 +237,7 @@ def enums_header() -> str:
                [(a.enum, "Act::" + next((t.enum for t in ks.LIMIT_FREE if t.of == a.name), "Unfused"))
                 for a in ks.ACTIVATIONS] + [(t.enum, "Act::Unfused") for t in ks.LIMIT_FREE]),
         switch("schedule_short_name", "Schedule", "const char*",
-               [("Cooperative", '"coop"'), ("Pingpong", '"pong"')]),
+               [(s, f'"{short}"') for s, short in ks.SCHEDULES.items()]),
     ]
     archs = ", ".join(f"compute capability {a.major}.{a.minor} ({a.devices})" for a in ks.ARCHES)
     return f"""// {BANNER}; do not edit.

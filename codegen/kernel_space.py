@@ -150,13 +150,18 @@ HEADERS = {
              "gather": "sm90/gather_variants.cuh", "fp8": "sm90/fp8_variants.cuh"},
 }
 
-SCHEDULES = ("Cooperative", "Pingpong")  # 2 consumer warpgroups share a tile / alternate tiles
+# How a tile's warps share the work, and each one's short name in configuration names:
+# Cooperative: 2 consumer warpgroups share a tile; Pingpong: they alternate tiles;
+# StoreWarp: cooperative consumers that write the whole output tile to shared memory once and
+# leave its TMA stores to a producer warp (src/core/sm90/store_warp_kernel.cuh), only for
+# variants whose epilogue has that kernel (the plain FP8 GEMM's).
+SCHEDULES = {"Cooperative": "coop", "Pingpong": "pong", "StoreWarp": "store"}
 
 # The roles the heuristic chooses between (src/core/heuristics.cpp); every variant has a
 # "wide" tile, its default.
 TILE_ROLES = {
     "wide": "long reductions and the fused backward: the largest tile",
-    "narrow": "short reductions: pingpong overlaps one tile's epilogue with the next mainloop",
+    "narrow": "short reductions: pingpong (or FP8's store warp) overlaps one tile's epilogue with the next mainloop",
     "small": "tiny groups (a few rows per expert): less padding per tile",
     "mid": "the fused-activation kernels' default: 128x192 (the heavy epilogue with fewer registers)",
 }
@@ -185,6 +190,10 @@ _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
+# The plain FP8 GEMM over short reductions: the cooperative tile with its epilogue handed to
+# a store warp, so the next tile's mainloop starts sooner: 1.12-1.14x at K = 768, 1.00-1.01x
+# at K = 2048-2880, but 0.96x at K = 5760 (H200, docs/perf-notes.md, session 36).
+_FP8_STORE = Tile(128, 128, 128, 2, 1, "StoreWarp")
 # The fused backward on pingpong: its heavy epilogue under the other warpgroup's mainloop. A
 # warpgroup holds 64 x 128 of an FP8 tile (its accumulator and the two promotion temporaries:
 # 192 registers), so the tile halves in M: 1.17x / 1.02x the cooperative kernel at GPT-OSS-20B
@@ -209,7 +218,7 @@ TILES = {
     ("sm90", "ActBwd_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
-    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE, "narrow": _FP8_STORE},
     ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
     ("sm90", "Fp8ActBwd"): {"wide": (_FP8_PONG, _FP8_WIDE)},
     ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},

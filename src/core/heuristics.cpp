@@ -74,6 +74,9 @@ LaunchChoice choose_launch(const GroupedProblem& p, const std::vector<TileConfig
   // The fused activation backward's epilogue (dact, two outputs, the row-scale-gradient
   // sums) is the heaviest: fewer, larger tiles won 3-4% at both the GPT-OSS and the
   // Qwen3 shapes (docs/perf-notes.md, "activation family").
+  // The plain FP8 GEMM's narrow row is its store-warp kernel: 1.12-1.14x at K = 768,
+  // 1.00-1.01x at K = 2048-2880 (both models' other short calls), 0.96x at GPT-OSS-20B's up
+  // dgrad (K = 5760, a wide call) on an H200 (docs/perf-notes.md, session 36).
   const TileRole rule = short_reduction && !is_act_backward(p.variant) ? TileRole::Narrow : TileRole::Wide;
   // the first row serving p in this role (and on this schedule, where one is named)
   auto first_with_role = [&](TileRole role, const Schedule* schedule = nullptr) {

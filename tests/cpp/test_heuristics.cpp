@@ -217,6 +217,23 @@ TEST(ChooseLaunch, Fp8WeightGradientsLeaveNoSpareCtaEither) {
   EXPECT_EQ(choose_launch({v, 98304, 5760, 2880, 32}, {two}, 132).index, 0);
 }
 
+// The plain FP8 GEMM's store-warp tile (narrow) for short reductions, its cooperative tile
+// (wide) for long ones or wide outputs: the store warp won 1.12x at K = 768 and lost 4% at
+// K = 5760 (session 36).
+TEST(ChooseLaunch, Fp8PlainGemmTakesTheStoreWarpTileForShortReductions) {
+  const KernelVariant v = KernelVariant::Fp8RaggedM;
+  const TileConfig coop{v, 128, 128, 128, 2, 1, Schedule::Cooperative, Act::Unfused, TileRole::Wide};
+  TileConfig store = coop;
+  store.schedule = Schedule::StoreWarp;
+  store.role = TileRole::Narrow;
+  EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, {coop, store}, 132).index, 1);   // Qwen3 down
+  EXPECT_EQ(choose_launch({v, 131072, 1536, 2048, 128}, {coop, store}, 132).index, 1);  // Qwen3 up
+  EXPECT_EQ(choose_launch({v, 98304, 2880, 2880, 32}, {coop, store}, 132).index, 1);    // GPT-OSS down
+  EXPECT_EQ(choose_launch({v, 98304, 5760, 2880, 32}, {coop, store}, 132).index, 0);    // GPT-OSS up
+  EXPECT_EQ(choose_launch({v, 98304, 2880, 5760, 32}, {coop, store}, 132).index, 0);    // its dgrad
+  EXPECT_EQ(choose_launch({v, 131072, 2048, 768, 128}, {coop}, 132).index, 0);          // not compiled
+}
+
 // The FP8 fused backward: the table lists its 64x128x128 pingpong tile first in the wide role
 // (1.17x the cooperative 128x128x128 at GPT-OSS-20B, session 26), so the heuristic takes it at
 // both models' shapes; tiny groups still go by the cost model.

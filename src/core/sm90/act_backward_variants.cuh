@@ -25,9 +25,9 @@ struct ActBackwardEpilogue {
   // The 128x192 cooperative row of a gated activation runs the kernel with the epilogue in
   // warps of its own (epilogue_warpgroup_kernel.cuh: 1.11-1.12x at GPT-OSS-20B on an H200,
   // the same bits) on the pingpong twin's collectives.
-  template <class Kernel, class TileShape, bool kCooperative, class PingpongTypes>
+  template <class Kernel, class TileShape, Schedule S, class PingpongTypes>
   using KernelWrap = typename EpilogueWarpgroupOf<
-      kCooperative && Activation::kGated && decltype(cute::size<0>(TileShape{}))::value == 128 &&
+      S == Schedule::Cooperative && Activation::kGated && decltype(cute::size<0>(TileShape{}))::value == 128 &&
           decltype(cute::size<1>(TileShape{}))::value == 192,
       Kernel, PingpongTypes, Activation, kHalvesOut>::type;
   template <class TileShape, class ElementD, class EpiDesc>

@@ -30,9 +30,7 @@
 #include "fp8_rows_epilogue.cuh"  // Sm90QuantizeRows
 #include "ragged_k_variants.cuh"  // RaggedKEpilogue, the dynamic tile schedule
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
-#if CUTE_MOE_FP8_STORE_WARP
-#include "store_warp_kernel.cuh"  // StoreWarpKernel (an experiment)
-#endif
+#include "store_warp_kernel.cuh"  // StoreWarpKernel
 
 namespace cute_moe::detail {
 
@@ -349,14 +347,12 @@ struct Fp8RaggedMEpilogue : RaggedMEpilogue {
   using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
   static constexpr int kStagesD = 2;
   static constexpr bool kDelayTmaStore = true;
-#if CUTE_MOE_FP8_STORE_WARP
-  // An experiment (CMake CUTE_MOE_FP8_STORE_WARP, off): the cooperative tile's epilogue as one
-  // whole-tile store into that D buffer and a store warp's TMA stores (store_warp_kernel.cuh;
-  // 1.12x at K = 768, 0.96x at K = 5760 on an H200: docs/perf-notes.md, session 36).
-  template <class Kernel, class TileShape, bool kCooperative, class PingpongTypes>
-  using KernelWrap = std::conditional_t<kCooperative, StoreWarpKernel<Kernel, FixedTmaStore<bf16, EpilogueTile, kStagesD>>,
-                                        Kernel>;
-#endif
+  // The StoreWarp rows (short reductions): the cooperative tile's epilogue as one whole-tile
+  // store into that D buffer and a store warp's TMA stores (store_warp_kernel.cuh; 1.12x at
+  // K = 768, 0.96x at K = 5760 on an H200: docs/perf-notes.md, session 36).
+  template <class Kernel, class TileShape, Schedule S, class PingpongTypes>
+  using KernelWrap = std::conditional_t<S == Schedule::StoreWarp,
+                                        StoreWarpKernel<Kernel, FixedTmaStore<bf16, EpilogueTile, kStagesD>>, Kernel>;
 };
 // A = x (m, k) k-contiguous; B = W_e (k, n) k-contiguous
 template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>

@@ -128,15 +128,18 @@ struct EpilogueDescOf : Desc {
 };
 
 // The kernel a variant's epilogue asks for in place of CUTLASS's (KernelWrap), else CUTLASS's.
+// Kernel: CUTLASS's kernel of the row (cooperative for the StoreWarp schedule);
 // PingpongTypes: the GroupedGemmTypes of the same row on the pingpong schedule.
-template <class Epilogue, class Kernel, class TileShape, bool kCooperative, class PingpongTypes, class = void>
+template <class Epilogue, class Kernel, class TileShape, Schedule S, class PingpongTypes, class = void>
 struct kernel_of {
+  static_assert(S != Schedule::StoreWarp, "a StoreWarp tile needs a variant whose epilogue has the store-warp kernel "
+                                          "(KernelWrap; codegen/kernel_space.py, SCHEDULES)");
   using type = Kernel;
 };
-template <class Epilogue, class Kernel, class TileShape, bool kCooperative, class PingpongTypes>
-struct kernel_of<Epilogue, Kernel, TileShape, kCooperative, PingpongTypes,
-                 std::void_t<typename Epilogue::template KernelWrap<Kernel, TileShape, kCooperative, PingpongTypes>>> {
-  using type = typename Epilogue::template KernelWrap<Kernel, TileShape, kCooperative, PingpongTypes>;
+template <class Epilogue, class Kernel, class TileShape, Schedule S, class PingpongTypes>
+struct kernel_of<Epilogue, Kernel, TileShape, S, PingpongTypes,
+                 std::void_t<typename Epilogue::template KernelWrap<Kernel, TileShape, S, PingpongTypes>>> {
+  using type = typename Epilogue::template KernelWrap<Kernel, TileShape, S, PingpongTypes>;
 };
 
 // --- Mainloops: the collective CUTLASS's builder makes, unless a variant wraps it (the
@@ -224,7 +227,7 @@ struct GroupedGemmTypes {
 
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
-  static constexpr bool kCooperative = S == Schedule::Cooperative;
+  static constexpr bool kCooperative = S != Schedule::Pingpong;  // the store warp's collectives are cooperative
   using MainloopSchedule = typename Operands::template Schedule<kCooperative>;
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
@@ -252,7 +255,7 @@ struct GroupedGemmTypes {
   using CollectiveMainloop = typename Traits::Mainloop::template type<BuiltCollectiveMainloop>;
 
   using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-  using Kernel = typename kernel_of<typename Traits::Epilogue, CutlassKernel, TileShape, kCooperative,
+  using Kernel = typename kernel_of<typename Traits::Epilogue, CutlassKernel, TileShape, S,
                                     GroupedGemmTypes<V, TM, TN, TK, CM, CN, Schedule::Pingpong, A>>::type;
   // Where the collective epilogue's D buffer lies in the kernel's shared memory (its
   // SharedStorage starts the dynamic shared memory): a tree that writes D itself stages its

@@ -2,8 +2,9 @@
 // bf16) on CUTLASS's cooperative kernel with its epilogue cut to what the accumulator's
 // owners must do: the math, one conversion and one shared-memory store of the whole tile.
 // A warp of the producer warpgroup then issues the tile's TMA stores while the consumers
-// start the next tile's mainloop. An experiment, built with CMake CUTE_MOE_FP8_STORE_WARP=ON
-// only (docs/perf-notes.md, session 36).
+// start the next tile's mainloop. The kernel of the plain FP8 GEMM's StoreWarp rows
+// (codegen/kernel_space.py), which the heuristic picks for short reductions
+// (docs/perf-notes.md, sessions 36-37).
 //
 // Why: in the cooperative tile both consumer warpgroups run the epilogue while the tensor
 // cores idle. CUTLASS's collective epilogue walks the tile in subtiles, each with its visitor
@@ -15,8 +16,8 @@
 // Measured (H200, ncu at locked clocks, against CUTLASS's kernel): 1.12x at Qwen3-30B-A3B's
 // down projection (K = 768), 1.00-1.01x at K = 2048-2880, 0.96x at GPT-OSS-20B's up dgrad
 // (K = 5760); the same bits. Long reductions are not bound by the epilogue (the producer
-// refills the stages under it); why they lose is open. Off until the heuristic can choose it
-// by the reduction's length.
+// refills the stages under it); why they lose is open. So the cooperative row stays the
+// "wide" tile and this one is the "narrow" one (heuristics.cpp: K and N <= 3072).
 //
 // Shape (the 2x1 cluster's 128 x 128 x 128 FP8 tile; four warpgroups of CUTLASS's kernel):
 //   warpgroup 0     producer: warp 0 the A/B loads, warp 1 the scales (cp.async), warp 2
