@@ -84,13 +84,14 @@ struct Sm90ActBackward : NodeWithoutLoads {
     const int32_t* offs;
     float* col_partial;
     int64_t col_partial_ld;
-    OutputMatrix hp_out;       // p * h and dlinear as plain matrices (the direct stores of
-    OutputMatrix dlinear_out;  // epilogue_warpgroup_kernel.cuh)
+    // p * h as a plain matrix (the direct stores of epilogue_warpgroup_kernel.cuh; its dlinear
+    // half goes n columns past dgate, where lower(ActBackwardArgs) puts it)
+    OutputMatrix hp_out;
   };
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
     Params p{a.act,  a.group_scale, a.ptr_partial, a.partial_stride, Store::to_params(a.hp, a.offs), {},
-             a.offs, a.col_partial, a.col_partial_ld, a.hp, a.dlinear};
+             a.offs, a.col_partial, a.col_partial_ld, a.hp};
     if constexpr (kHalvesOut) p.dlinear = Store::to_params(a.dlinear, a.offs);
     return p;
   }
