@@ -84,8 +84,8 @@ struct Sm90ActBackward : NodeWithoutLoads {
     const int32_t* offs;
     float* col_partial;
     int64_t col_partial_ld;
-    // p * h as a plain matrix (the direct stores of epilogue_warpgroup_kernel.cuh; its dlinear
-    // half goes n columns past dgate, where lower(ActBackwardArgs) puts it)
+    // p * h as a plain matrix, for the direct stores of epilogue_warpgroup_kernel.cuh (which
+    // writes dpre's dlinear half n columns past dgate, where lower(ActBackwardArgs) puts it)
     OutputMatrix hp_out;
   };
   template <class ProblemShape>
