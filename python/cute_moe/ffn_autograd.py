@@ -34,8 +34,11 @@ class Act(NamedTuple):
 
 
 def _mm(a, w, offs, bias=None):
+    # grouped_mm_scaled without scales runs grouped_mm's kernel; grouped_mm itself carries
+    # a Python autograd kernel (ops/gemm.py) that costs ~10-17 us of host time a call even
+    # with grad off, and these calls need no autograd (docs/perf-notes.md, session 39)
     if _library.library_loaded():
-        return torch.ops.cute_moe.grouped_mm(a, w, offs, bias)
+        return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias)
     return grouped_mm_ref(a, w, offs, bias)
 
 

@@ -80,8 +80,12 @@ Result make_plan(const detail::GemmProblem& gemm, const GemmOptions& opts, Plan*
                                                          "; available: " + available);
     }
   } else {
-    std::vector<detail::TileConfig> configs;
-    for (const auto& e : registry) configs.push_back(e.config);
+    static const std::vector<detail::TileConfig> configs = [&registry] {  // the registry's, in its order
+      std::vector<detail::TileConfig> c;
+      c.reserve(registry.size());
+      for (const auto& e : registry) c.push_back(e.config);
+      return c;
+    }();
     choice = detail::choose_launch(problem, configs, plan->sm_count);
     index = choice.index;
     if (index < 0) {

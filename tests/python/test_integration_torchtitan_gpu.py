@@ -121,8 +121,9 @@ def test_runs_the_kernels(family):
     x, counts, dy = _inputs(COUNTS)
     with testing.OpLog() as log:
         ours(x.to(BF16), counts)
-    # the router scores are applied outside the experts: a plain grouped_mm down projection
-    assert "grouped_mm_act" in log.calls and "grouped_mm" in log.calls, log.calls
+    # the router scores are applied outside the experts: a plain down projection (grouped_mm's
+    # kernel, called as grouped_mm_scaled: no autograd layer)
+    assert "grouped_mm_act" in log.calls and "grouped_mm_scaled" in log.calls, log.calls
     up_args, _ = log.args[log.calls.index("grouped_mm_act")]
     gate_linear = up_args[8] if len(up_args) > 8 else "interleaved"
     assert gate_linear == ("halves" if family == "llama" else "interleaved"), up_args

@@ -283,7 +283,7 @@ def test_empty_experts_get_exactly_zero_grads(backend, layout):
 
 
 @pytest.mark.parametrize("wanted, ops_run", [
-    (("x",), ["grouped_mm_act_bwd", "grouped_mm"]),
+    (("x",), ["grouped_mm_act_bwd", "grouped_mm_scaled"]),
     (("weight_down",), ["grouped_mm_wgrad"]),
     (("b_down",), ["grouped_column_sum"]),
     (("b_up", "weight_down"), ["grouped_mm_act_bwd", "grouped_mm_wgrad", "grouped_column_sum"]),
@@ -480,7 +480,7 @@ def test_fused_route_runs_the_fused_ops(layout):
     p = testing.random_expert_ffn(40, 16, 16, 3, "skewed", layout=layout, requires_grad=True)
     with OpLog() as log:
         out, h, pre = run_block(p)
-    assert log.calls == ["grouped_mm_act", "grouped_mm"]
+    assert log.calls == ["grouped_mm_act", "grouped_mm_scaled"]  # grouped_mm's kernel, no autograd layer
     saved_down = out.grad_fn.saved_tensors
     assert all(t is None or t.data_ptr() != h.data_ptr() for t in saved_down), "h was saved"
     assert any(t is not None and t.data_ptr() == pre.data_ptr() for t in saved_down)
@@ -492,7 +492,7 @@ def test_fused_route_runs_the_fused_ops(layout):
         out.sum().backward()
     up_db = ["grouped_column_sum"] if layout == "nk" else []
     assert log.calls == (["grouped_mm_act_bwd", "grouped_mm_wgrad"] + up_db
-                         + ["grouped_mm", "grouped_mm_wgrad"] + up_db)
+                         + ["grouped_mm_scaled", "grouped_mm_wgrad"] + up_db)
 
 
 @needs_ops

@@ -216,11 +216,12 @@ def _backward(ctx, dy):
     need_w_hi = len(needs) > 4 and needs[4]
     dy = dy.contiguous()
     dx = dw = db = dw_hi = None
+    # grouped_mm_scaled without scales: grouped_mm's kernel without its autograd layer
+    mm = torch.ops.cute_moe.grouped_mm_scaled
     if need_x and ctx.split is None:
-        dx = torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs)
+        dx = mm(dy, w.transpose(-2, -1), offs)
     elif need_x:  # x's columns: [dy @ w^T | dy @ w_hi^T]
-        dx = torch.cat([torch.ops.cute_moe.grouped_mm(dy, w.transpose(-2, -1), offs),
-                        torch.ops.cute_moe.grouped_mm(dy, w_hi.transpose(-2, -1), offs)], dim=1)
+        dx = torch.cat([mm(dy, w.transpose(-2, -1), offs), mm(dy, w_hi.transpose(-2, -1), offs)], dim=1)
     x_lo, x_hi = x, None
     if ctx.split is not None and x is not None:  # column slices; the kernels need 16-byte rows
         x_lo, x_hi = x[:, :ctx.split], x[:, ctx.split:]

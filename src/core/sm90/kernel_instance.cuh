@@ -44,6 +44,7 @@
 
 #include "epilogue_nodes.cuh"
 #include "fixed_tma_mainloop.cuh"
+#include "gemm_launch.h"
 #include "kernel_registry.h"
 
 namespace cute_moe::detail {
@@ -333,9 +334,9 @@ size_t KernelInstance<AR, V, TM, TN, TK, CM, CN, S, A>::workspace_size(int32_t n
 template <Arch AR, KernelVariant V, int TM, int TN, int TK, int CM, int CN, Schedule S, Act A>
 Result KernelInstance<AR, V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays& groups, const LaunchContext& ctx) {
   using Types = GroupedGemmTypes<V, TM, TN, TK, CM, CN, S, A>;
+  using Kernel = typename Types::Kernel;
   auto args = Types::arguments(groups, ctx);
-  typename Types::Gemm gemm;
-  cutlass::Status st = gemm.can_implement(args);
+  cutlass::Status st = Types::Gemm::can_implement(args);
   if (st != cutlass::Status::kSuccess) {
     return Result::error(Status::kInternalError,
                          std::string("CUTLASS cannot implement this grouped GEMM: ") + cutlassGetStatusString(st));
@@ -345,18 +346,27 @@ Result KernelInstance<AR, V, TM, TN, TK, CM, CN, S, A>::launch(const GroupArrays
     return Result::error(Status::kInternalError, "CUTLASS workspace too small: need " + std::to_string(need) +
                                                      " bytes, have " + std::to_string(ctx.workspace_bytes));
   }
-  st = gemm.initialize(args, ctx.workspace, ctx.stream);
-  if (st == cutlass::Status::kSuccess) st = gemm.run(ctx.stream);
+  // What CUTLASS's adapter does in initialize() and run(), launched by gemm_launch.h, which
+  // sets the kernel's shared memory limit once per device instead of on every call.
+  st = Kernel::initialize_workspace(args, ctx.workspace, ctx.stream);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t err = cudaGetLastError();
-    return Result::error(Status::kCudaError, std::string("grouped GEMM launch failed: ") +
+    return Result::error(Status::kCudaError, std::string("grouped GEMM workspace initialization failed: ") +
                                                  cutlassGetStatusString(st) + " (" + cudaGetErrorString(err) + ")");
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return Result::error(Status::kCudaError, std::string("grouped GEMM launch failed: ") + cudaGetErrorString(err));
-  }
-  return Result::success();
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, ctx.workspace);
+  using ClusterShape = typename Kernel::DispatchPolicy::ClusterShape;
+  static PreparedDevices prepared{0};
+  GemmLaunch l;
+  l.kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  l.params = &params;
+  l.grid = Kernel::get_grid_shape(params);
+  l.block = Kernel::get_block_shape();
+  l.cluster = dim3(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), cute::size<2>(ClusterShape{}));
+  l.smem_bytes = Kernel::SharedStorageSize;
+  l.device = ctx.device;
+  l.stream = ctx.stream;
+  return launch_gemm(l, &prepared);
 }
 
 }  // namespace cute_moe::detail
