@@ -35,7 +35,7 @@ class Act(NamedTuple):
 
 def _mm(a, w, offs, bias=None):
     # grouped_mm_scaled without scales runs grouped_mm's kernel; grouped_mm itself carries
-    # a Python autograd kernel (ops/gemm.py) that costs ~10-17 us of host time a call even
+    # a Python autograd kernel (ops/gemm.py) that costs ~5-20 us of host time a call even
     # with grad off, and these calls need no autograd (docs/perf-notes.md, session 39)
     if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias)

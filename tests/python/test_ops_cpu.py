@@ -140,7 +140,8 @@ def test_autograd_matches_reference(layout, bias, grad_out):
         assert p.bias.grad.dtype == BF16
     # db comes with dw from the wgrad op, except when dw is computed transposed ("nk").
     column_sums = ["grouped_column_sum"] if bias and layout == "nk" else []
-    # the backward's input gradient through grouped_mm_scaled (grouped_mm's kernel, no autograd layer)
+    # the backward's input gradient through grouped_mm_scaled (grouped_mm's kernel, no autograd
+    # layer)
     assert log.calls == ["grouped_mm", "grouped_mm_scaled", "grouped_mm_wgrad"] + column_sums
 
 

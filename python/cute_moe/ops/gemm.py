@@ -221,7 +221,8 @@ def _backward(ctx, dy):
     if need_x and ctx.split is None:
         dx = mm(dy, w.transpose(-2, -1), offs)
     elif need_x:  # x's columns: [dy @ w^T | dy @ w_hi^T]
-        dx = torch.cat([mm(dy, w.transpose(-2, -1), offs), mm(dy, w_hi.transpose(-2, -1), offs)], dim=1)
+        dx = torch.cat([mm(dy, w.transpose(-2, -1), offs), mm(dy, w_hi.transpose(-2, -1), offs)],
+                       dim=1)
     x_lo, x_hi = x, None
     if ctx.split is not None and x is not None:  # column slices; the kernels need 16-byte rows
         x_lo, x_hi = x[:, :ctx.split], x[:, ctx.split:]
