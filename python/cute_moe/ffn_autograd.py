@@ -33,15 +33,6 @@ class Act(NamedTuple):
     gate_linear: str = "interleaved"
 
 
-def _mm(a, w, offs, bias=None):
-    # grouped_mm_scaled without scales runs grouped_mm's kernel; grouped_mm itself carries
-    # a Python autograd kernel (ops/gemm.py) that costs ~5-20 us of host time a call even
-    # with grad off, and these calls need no autograd (docs/perf-notes.md, session 39)
-    if _library.library_loaded():
-        return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias)
-    return grouped_mm_ref(a, w, offs, bias)
-
-
 def _mm_split(a, w, w_hi, offs):
     """a @ [w; w_hi] per group, W's rows in two tensors (read in place by the kernel)."""
     if _library.library_loaded():
@@ -50,9 +41,9 @@ def _mm_split(a, w, w_hi, offs):
 
 
 def _scaled_mm(a, w, offs, bias=None, scale=None, prob=None):
-    """prob[r] * (scale[e] * (a @ w[e]) + bias[e]), no autograd."""
-    if scale is None and prob is None:
-        return _mm(a, w, offs, bias)
+    """prob[r] * (scale[e] * (a @ w[e]) + bias[e]), no autograd. Without scales the op runs
+    grouped_mm's kernel, and unlike grouped_mm it has no Python autograd kernel, which costs
+    ~5-20 us of host time a call even with grad off (docs/perf-notes.md, session 39)."""
     if _library.library_loaded():
         return torch.ops.cute_moe.grouped_mm_scaled(a, w, offs, bias, scale, prob)
     return grouped_mm_scaled_ref(a, w, offs, bias, scale, prob)
