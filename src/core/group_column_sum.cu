@@ -12,7 +12,15 @@ namespace cute_moe::detail {
 
 namespace {
 
-constexpr int kThreads = 128;  // each thread owns 8 consecutive columns
+constexpr int kThreads = 128;  // pass 1: each thread owns 8 consecutive columns
+// Pass 2: a block's warps share a group's partials; a lane owns 8 columns in
+// column_sum_reduce_kernel, 4 in tile_column_sum_kernel.
+constexpr int kReduceWarps = 8;
+constexpr int kReduceThreads = 32 * kReduceWarps;
+constexpr int64_t kReduceColumns = 8 * 32;
+constexpr int64_t kTileColumns = 4 * 32;
+constexpr int kReduceUnroll = 4;  // chunks a warp loads together
+constexpr int kTileUnroll = 2;    // tiles (of kTileColumnSumWarps rows) a warp loads together
 
 __device__ __forceinline__ int64_t rows_in_use(const int32_t* offs, int32_t num_groups, int64_t m) {
   const int64_t used = offs[num_groups - 1];
@@ -226,27 +234,56 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
   }
 }
 
-// Pass 2: one block per (group, 8*kThreads columns); chunks added in order.
-__global__ void column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* offs, int32_t num_groups,
-                                         const float* partial, float* out) {
-  const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
-  if (col >= n) return;
+// Pass 2: one block per (group, kReduceColumns columns). A group's chunks are shared among the
+// block's warps (warp w takes chunks first + w, first + w + kReduceWarps, ...), each adding its
+// own in order, kReduceUnroll of them loaded together; the block then adds the warps' sums in warp
+// order. A fixed order for given offs, so the same bits every time. One thread walking all of a
+// group's chunks made a chain of dependent loads as long as the group: under skewed routing the
+// deepest group's chain was the pass (GPT-OSS-20B: 253 chunks; docs/perf-notes.md, session 40).
+__global__ void __launch_bounds__(kReduceThreads) column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* offs,
+                                                                            int32_t num_groups, const float* partial,
+                                                                            float* out) {
+  __shared__ alignas(16) float warp_sums[kReduceWarps][kReduceColumns];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t g = blockIdx.x;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kReduceColumns, col = col0 + 8 * lane;
   const int64_t used = rows_in_use(offs, num_groups, m);
   const GroupRows rows = group_rows(offs, g);
   require_valid_rows(rows, m, g, "group_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
   const int64_t begin = rows.begin < 0 ? 0 : rows.begin;
   const int64_t end = rows.end < used ? rows.end : used;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const bool active = col < n;  // lanes past n keep zeros but stay in the loop (the warp's barrier)
   if (begin < end) {
-    for (int64_t c = begin / kColumnSumChunkRows; c <= (end - 1) / kColumnSumChunkRows; ++c) {
-      const float4* p = reinterpret_cast<const float4*>(partial + column_sum_slot(c, g) * n + col);
-      const float4 lo = p[0], hi = p[1];
-      acc[0] += lo.x; acc[1] += lo.y; acc[2] += lo.z; acc[3] += lo.w;
-      acc[4] += hi.x; acc[5] += hi.y; acc[6] += hi.z; acc[7] += hi.w;
+    const int64_t last = (end - 1) / kColumnSumChunkRows;
+    for (int64_t c = begin / kColumnSumChunkRows + warp; c <= last; c += kReduceWarps * kReduceUnroll) {
+      float4 v[kReduceUnroll][2];
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const int64_t cu = c + u * kReduceWarps;
+        const bool live = active && cu <= last;
+        const float4* p = reinterpret_cast<const float4*>(partial + column_sum_slot(cu, g) * n + col);
+        v[u][0] = live ? __ldg(p) : make_float4(0, 0, 0, 0);
+        v[u][1] = live ? __ldg(p + 1) : make_float4(0, 0, 0, 0);
+      }
+      // Loads may not move across this barrier, so all of them are in flight before the first add
+      // (without it ptxas issues each load after the previous one's adds, which wait for it).
+      __syncwarp();
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {  // zeros past the group's last chunk
+        acc[0] += v[u][0].x; acc[1] += v[u][0].y; acc[2] += v[u][0].z; acc[3] += v[u][0].w;
+        acc[4] += v[u][1].x; acc[5] += v[u][1].y; acc[6] += v[u][1].z; acc[7] += v[u][1].w;
+      }
     }
   }
-  store_f32x8(out + static_cast<int64_t>(g) * n + col, acc);
+  store_f32x8(&warp_sums[warp][8 * lane], acc);
+  __syncthreads();
+  const int64_t out_col = col0 + threadIdx.x;  // one column a thread
+  if (out_col >= n) return;
+  float sum = warp_sums[0][threadIdx.x];
+#pragma unroll
+  for (int w = 1; w < kReduceWarps; ++w) sum += warp_sums[w][threadIdx.x];
+  out[static_cast<int64_t>(g) * n + out_col] = sum;
 }
 
 // Pass 2 of the row dots: one thread per row, slices added in order.
@@ -258,26 +295,55 @@ __global__ void row_dot_reduce_kernel(int64_t m, int64_t slices, const float* do
   row_dot[r] = acc;
 }
 
-// Pass 2 over tile partials: one block per (group, kThreads columns), one column a thread;
-// a slot's rows loaded together, then added in order.
-__global__ void __launch_bounds__(kThreads) tile_column_sum_kernel(TileColumnSumArgs a) {
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+// Pass 2 over tile partials: one block per (group, kTileColumns columns), four consecutive columns
+// a lane (one 16-byte load a row: the widths are multiples of 8). As in column_sum_reduce_kernel,
+// the group's tiles are shared among the warps (warp w: tiles w, w + kReduceWarps, ...; kTileUnroll
+// tiles' rows loaded together), each adding its tiles' rows in order, and the block adds the
+// warps' sums in warp order.
+__global__ void __launch_bounds__(kReduceThreads) tile_column_sum_kernel(TileColumnSumArgs a) {
+  constexpr int kMaxRows = kTileColumnSumWarps;
+  __shared__ alignas(16) float warp_sums[kReduceWarps][kTileColumns];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t g = blockIdx.x;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kTileColumns, col = col0 + 4 * lane;
   const GroupRows rows = group_rows(a.offs, g);
   require_valid_rows(rows, a.m, g, "tile_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
-  if (col >= a.width) return;
-  constexpr int kMaxRows = kTileColumnSumWarps;
   const int64_t tiles = rows.count() > 0 ? (rows.count() + kColumnSumChunkRows - 1) / kColumnSumChunkRows : 0;
-  float acc = 0.0f;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const float* p = a.partial + tile_column_sum_slot(rows.begin, t, g) * a.rows_per_slot * a.ld + col;
-    float v[kMaxRows];
+  float4 acc = make_float4(0, 0, 0, 0);
+  if (col < a.width) {
+    for (int64_t t = warp; t < tiles; t += kReduceWarps * kTileUnroll) {
+      float4 v[kTileUnroll][kMaxRows];
 #pragma unroll
-    for (int w = 0; w < kMaxRows; ++w) v[w] = w < a.rows_per_slot ? __ldg(p + w * a.ld) : 0.0f;
+      for (int u = 0; u < kTileUnroll; ++u) {  // predicated loads, all issued before the adds
+        const int64_t tu = t + u * kReduceWarps;
+        const float* p = a.partial + tile_column_sum_slot(rows.begin, tu, g) * a.rows_per_slot * a.ld + col;
 #pragma unroll
-    for (int w = 0; w < kMaxRows; ++w) acc += v[w];
+        for (int w = 0; w < kMaxRows; ++w) {
+          const bool live = tu < tiles && w < a.rows_per_slot;
+          v[u][w] = live ? __ldg(reinterpret_cast<const float4*>(p + w * a.ld)) : make_float4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kTileUnroll; ++u) {
+        if (t + u * kReduceWarps >= tiles) continue;
+#pragma unroll
+        for (int w = 0; w < kMaxRows; ++w) {
+          acc.x += v[u][w].x;
+          acc.y += v[u][w].y;
+          acc.z += v[u][w].z;
+          acc.w += v[u][w].w;
+        }
+      }
+    }
   }
-  a.out[static_cast<int64_t>(g) * a.width + col] = acc;
+  *reinterpret_cast<float4*>(&warp_sums[warp][4 * lane]) = acc;
+  __syncthreads();
+  const int64_t out_col = col0 + threadIdx.x;  // one column a thread
+  if (threadIdx.x >= kTileColumns || out_col >= a.width) return;
+  float sum = warp_sums[0][threadIdx.x];
+#pragma unroll
+  for (int w = 1; w < kReduceWarps; ++w) sum += warp_sums[w][threadIdx.x];
+  a.out[static_cast<int64_t>(g) * a.width + out_col] = sum;
 }
 
 template <bool kGather, bool kRowDot, bool kQuantize = false>
@@ -320,7 +386,8 @@ cudaError_t launch_column_sums(const GroupColumnSumArgs& a, const RowsFp8Copy* c
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  column_sum_reduce_kernel<<<dim3(static_cast<unsigned>(a.num_groups), col_blocks), kThreads, 0, stream>>>(
+  const unsigned reduce_blocks = static_cast<unsigned>((a.n + kReduceColumns - 1) / kReduceColumns);
+  column_sum_reduce_kernel<<<dim3(static_cast<unsigned>(a.num_groups), reduce_blocks), kReduceThreads, 0, stream>>>(
       a.m, a.n, a.offs, a.num_groups, workspace, a.out);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !row_dot || a.m == 0) return err;
@@ -345,8 +412,12 @@ cudaError_t launch_group_column_sum_quantize(const GroupColumnSumArgs& a, const 
 cudaError_t launch_tile_column_sum(const TileColumnSumArgs& a, cudaStream_t stream) {
   if (a.num_groups == 0 || a.width == 0) return cudaSuccess;
   if (a.rows_per_slot < 1 || a.rows_per_slot > kTileColumnSumWarps) return cudaErrorInvalidValue;
-  const unsigned col_blocks = static_cast<unsigned>((a.width + kThreads - 1) / kThreads);
-  tile_column_sum_kernel<<<dim3(static_cast<unsigned>(a.num_groups), col_blocks), kThreads, 0, stream>>>(a);
+  // 16-byte loads of four columns: the callers' widths (2I or I) and strides are multiples of 8
+  if (a.width % 4 != 0 || a.ld % 4 != 0 || reinterpret_cast<uintptr_t>(a.partial) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_groups), static_cast<unsigned>((a.width + kTileColumns - 1) / kTileColumns));
+  tile_column_sum_kernel<<<grid, kReduceThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -5,8 +5,9 @@
 // partial sum per (chunk c, group g) pair that shares rows. Because rows are sorted by
 // group, those pairs form a staircase in which c + g strictly increases, so c + g is a
 // collision-free slot: the partial buffer needs only (chunks + groups) rows.
-// Pass 2 adds, for each group, its chunks' partials in chunk order. No atomics: the same
-// input gives the same bits.
+// Pass 2 adds, for each group, its chunks' partials in a fixed order (eight warps each take
+// every eighth chunk, in order, then the warps' sums are added in warp order). No atomics: the
+// same input gives the same bits.
 // Pass 1 can also read its rows through an index (writing the gathered rows out: the
 // combine's output gradient taken back to sorted rows) and take each row's dot product with
 // its group's bias (the bias term of a row-scale gradient), so one read of dy serves all
@@ -61,7 +62,7 @@ CUTE_MOE_HOST_DEVICE int64_t tile_column_sum_slot(int64_t begin, int64_t tile, i
 
 // Pass 2 alone, over partials a fused epilogue wrote by tile (sm90/tile_column_sums.cuh):
 // group g's tiles t < ceil(rows_g / 128) hold rows_per_slot partial rows each at slot
-// floor(begin_g / 128) + g + t; out[g, :] = their sum, tiles and rows in order (0 for an
+// floor(begin_g / 128) + g + t; out[g, :] = their sum in a fixed order, pass 2's (0 for an
 // empty group).
 struct TileColumnSumArgs {
   const float* partial = nullptr;  // (slots * rows_per_slot, width), rows ld floats apart

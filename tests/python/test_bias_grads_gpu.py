@@ -86,6 +86,56 @@ def test_deterministic():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+# Pass 2 shares a group's partials among a block's warps (8 warps, 4 chunks or 2 tiles loaded
+# together): a deep group (133 chunks) wraps that loop several times and ends mid-unroll;
+# widths end inside a block's columns.
+DEEP_SIZES = [17000, 0, 1531, 37, 0]
+
+
+def _deep_offs(pad):
+    return torch.tensor(DEEP_SIZES, device="cuda").cumsum(0).to(torch.int32), sum(DEEP_SIZES) + pad
+
+
+def _per_group_error(got, want):
+    return max(((got[e].double() - want[e]).norm() / want[e].norm().clamp_min(1e-30)).item()
+               for e in range(len(DEEP_SIZES)) if DEEP_SIZES[e])
+
+
+@pytest.mark.parametrize("n", [264, 2880])
+@pytest.mark.parametrize("with_prob", [False, True])
+def test_deep_groups_column_sums(n, with_prob):
+    offs, m = _deep_offs(pad=200)
+    g = torch.Generator().manual_seed(n)
+    dy = torch.randn(m, n, generator=g).to(BF16).cuda()
+    prob = torch.rand(m, generator=g).cuda() if with_prob else None
+    db = (torch.ops.cute_moe.grouped_column_sum(dy, offs, prob) if with_prob
+          else torch.ops.cute_moe.grouped_column_sum(dy, offs))
+    want, _, _ = grouped_bias_grads_ref(dy.double(), offs, prob, None, None)
+    assert _per_group_error(db, want) < 1e-5
+    assert torch.all(db[[e for e, c in enumerate(DEEP_SIZES) if c == 0]] == 0)
+    again = (torch.ops.cute_moe.grouped_column_sum(dy, offs, prob) if with_prob
+             else torch.ops.cute_moe.grouped_column_sum(dy, offs))
+    assert torch.equal(db, again)
+
+
+@pytest.mark.parametrize("inter", [136, 1024])
+def test_deep_groups_fused_backward_bias_grad(inter):
+    """db_up from the fused backward's epilogue partials (tile_column_sum's pass)."""
+    offs, m = _deep_offs(pad=70)
+    g = torch.Generator().manual_seed(inter)
+    e, hidden = len(DEEP_SIZES), 128
+    dy = torch.randn(m, hidden, generator=g).to(BF16).cuda()
+    w_down = (torch.randn(e, inter, hidden, generator=g) * hidden ** -0.5).to(BF16).cuda()
+    pre = torch.randn(m, 2 * inter, generator=g).to(BF16).cuda()
+    args = (dy, w_down.transpose(-2, -1), offs, pre, None, None, None, False, "swiglu", 1.702, None,
+            "interleaved", True)
+    dpre, _, _, db = torch.ops.cute_moe.grouped_mm_act_bwd(*args)
+    want, _, _ = grouped_bias_grads_ref(dpre.double(), offs, None, None, None)
+    assert _per_group_error(db, want) < 1e-2  # db sums the fp32 dpre the kernel rounds to bf16
+    assert torch.all(db[[e for e, c in enumerate(DEEP_SIZES) if c == 0]] == 0)
+    assert torch.equal(torch.ops.cute_moe.grouped_mm_act_bwd(*args)[3], db)
+
+
 def test_bad_index_stops_the_kernel():
     out = testing.device_trap_output("""
         src = torch.randn(64, 16, device="cuda", dtype=torch.bfloat16)

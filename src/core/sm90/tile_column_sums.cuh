@@ -10,8 +10,8 @@
 // plain tree takes 24), and every lane then holds one column of the subtile and stores it
 // into the warp's partial row of the tile's slot. One row per warp, not per tile: the
 // cross-warp sum would need shared memory, and the fused backward's is full (226 of 227
-// KB at 128x192). group_column_sum.cu adds a group's partial rows in order (deterministic,
-// no atomics).
+// KB at 128x192). group_column_sum.cu adds a group's partial rows in a fixed order
+// (deterministic, no atomics).
 //
 // Slots: a ragged-M tile is 128 rows of one group, starting at the group's first row
 // `begin` + 128 t, so slot = floor((begin + 128 t) / 128) + group is unique (rows are
