@@ -112,6 +112,7 @@ __device__ void write_ragged_k_order(const GemmProblem& p, int32_t* order) {
     order[e_count] = e_count;
     order[e_count + 1] = static_cast<int32_t>(p.k);
     order[e_count + 2] = static_cast<int32_t>(p.n);
+    order[e_count + 3] = 0;  // the ticket counter
   }
 }
 

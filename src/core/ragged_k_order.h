@@ -18,6 +18,9 @@
 //   order[0, E)   group ids by rows, deepest first (ties: lower id first), empty groups last
 //   order[E]      the number of groups the scheduler walks: all E
 //   order[E + 1]  M, order[E + 2] N: the output shape every group shares
+//   order[E + 3]  0: the dynamic schedule's ticket counter, which the GEMM's scheduler warps
+//                 then count up (zeroed here, by the launch's own setup kernel, rather than by
+//                 a memset of its own before every launch)
 // Above kMaxOrderedGroups groups the ranking would cost the setup kernel too much; the
 // order is then the ids' own.
 #pragma once
@@ -31,7 +34,7 @@ namespace cute_moe::detail {
 constexpr int32_t kMaxOrderedGroups = 1024;
 
 // int32 words of the order block for num_groups groups.
-CUTE_MOE_HOST_DEVICE int64_t ragged_k_order_words(int32_t num_groups) { return int64_t(num_groups) + 3; }
+CUTE_MOE_HOST_DEVICE int64_t ragged_k_order_words(int32_t num_groups) { return int64_t(num_groups) + 4; }
 
 // The rank of group e among rows[0, n): how many groups come before it.
 CUTE_MOE_HOST_DEVICE int32_t ragged_k_rank(const int32_t* rows, int32_t n, int32_t e) {

@@ -27,9 +27,9 @@
 // rank-0 CTA draws the ticket and stores it into each peer's shared memory (a mailbox
 // slot per pipeline stage, tagged with the draw's sequence number); a peer acknowledges
 // each ticket it read, and the leader does not overwrite a slot that is not yet read.
-// The counter lives in the kernel's workspace and is zeroed before every launch by a
-// memset on the launch's stream (CUDA-graph safe). With no counter (Arguments::dynamic
-// false) the schedule is the static snake.
+// The counter is a word of the order block (ragged_k_order.h) that the launch's setup kernel
+// zeroes on the same stream just before (CUDA-graph safe; no memset launch of its own, no
+// workspace). With no counter (Arguments::dynamic false) the schedule is the static snake.
 //
 // Lookahead: the scheduler warp would otherwise take a ticket as soon as one of its 8
 // pipeline slots is free, i.e. up to 8 tiles before its CTA computes them. Right after
@@ -126,27 +126,26 @@ class DynamicGroupScheduler
     Params p;
     static_cast<typename Base::Params&>(p) =
         Base::to_underlying_arguments(problem_shapes, tile_shape, cluster_shape, hw_info, arguments, workspace);
-    p.counter = arguments.dynamic ? static_cast<uint32_t*>(workspace) : nullptr;
     p.order = reinterpret_cast<const int32_t*>(problem_shapes.problem_shapes) + 3 * problem_shapes.groups();
+    // order[E + 3], zeroed by the setup kernel (the array is the launch's own, device memory)
+    p.counter = arguments.dynamic ? reinterpret_cast<uint32_t*>(const_cast<int32_t*>(p.order) + problem_shapes.groups() + 3)
+                                  : nullptr;
     p.lookahead = uint32_t(arguments.lookahead < 1 ? 1 : (arguments.lookahead > Stages ? Stages : arguments.lookahead));
     return p;
   }
 
+  // No workspace: the counter lives in the order block (above).
   template <class ProblemShape, class ElementAccumulator>
   static size_t get_workspace_size(Arguments const&, ProblemShape, cutlass::KernelHardwareInfo const&, uint32_t,
                                    const uint32_t = 1, uint32_t = 1) {
-    return sizeof(uint32_t);
+    return 0;
   }
 
   template <class ProblemShape, class ElementAccumulator>
-  static cutlass::Status initialize_workspace(Arguments const& arguments, void* workspace, cudaStream_t stream,
-                                              ProblemShape, cutlass::KernelHardwareInfo const&, uint32_t,
-                                              const uint32_t = 1, uint32_t = 1,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    if (!arguments.dynamic) return cutlass::Status::kSuccess;
-    if (workspace == nullptr) return cutlass::Status::kErrorWorkspaceNull;
-    return cudaMemsetAsync(workspace, 0, sizeof(uint32_t), stream) == cudaSuccess ? cutlass::Status::kSuccess
-                                                                                 : cutlass::Status::kErrorInternal;
+  static cutlass::Status initialize_workspace(Arguments const&, void*, cudaStream_t, ProblemShape,
+                                              cutlass::KernelHardwareInfo const&, uint32_t, const uint32_t = 1,
+                                              uint32_t = 1, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
   }
 
   DynamicGroupScheduler() = default;
