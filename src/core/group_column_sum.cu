@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
 // own in order, kReduceUnroll of them loaded together; the block then adds the warps' sums in warp
 // order. A fixed order for given offs, so the same bits every time. One thread walking all of a
 // group's chunks made a chain of dependent loads as long as the group: under skewed routing the
-// deepest group's chain was the pass (GPT-OSS-20B: 253 chunks; docs/perf-notes.md, session 40).
+// deepest group's chain was the pass (GPT-OSS-20B in the peer benchmark's skewed routing: 192
+// chunks against 24 balanced; docs/perf-notes.md, session 40).
 __global__ void __launch_bounds__(kReduceThreads) column_sum_reduce_kernel(int64_t m, int64_t n, const int32_t* offs,
                                                                             int32_t num_groups, const float* partial,
                                                                             float* out) {
