@@ -234,6 +234,14 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
   }
 }
 
+// A pass-2 block whose group breaks the offs contract: its first thread in the group's first
+// block prints the message and traps (require_valid_rows), and every other thread leaves without
+// touching the rows. Were they all to trap, as when every thread checked, another warp's trap
+// could end the kernel before the message is printed.
+__device__ __forceinline__ void report_bad_rows(GroupRows rows, int64_t m, int32_t g, const char* op) {
+  if (threadIdx.x == 0 && blockIdx.y == 0) require_valid_rows(rows, m, g, op);
+}
+
 // Pass 2: one block per (group, kReduceColumns columns). A group's chunks are shared among the
 // block's warps (warp w takes chunks first + w, first + w + kReduceWarps, ...), each adding its
 // own in order, kReduceUnroll of them loaded together; the block then adds the warps' sums in warp
@@ -250,7 +258,10 @@ __global__ void __launch_bounds__(kReduceThreads) column_sum_reduce_kernel(int64
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kReduceColumns, col = col0 + 8 * lane;
   const int64_t used = rows_in_use(offs, num_groups, m);
   const GroupRows rows = group_rows(offs, g);
-  require_valid_rows(rows, m, g, "group_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
+  if (!rows.valid(m)) {  // one thread reports and traps, the rest leave (see report_bad_rows)
+    report_bad_rows(rows, m, g, "group_column_sum");
+    return;
+  }
   const int64_t begin = rows.begin < 0 ? 0 : rows.begin;
   const int64_t end = rows.end < used ? rows.end : used;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -308,7 +319,10 @@ __global__ void __launch_bounds__(kReduceThreads) tile_column_sum_kernel(TileCol
   const int32_t g = blockIdx.x;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kTileColumns, col = col0 + 4 * lane;
   const GroupRows rows = group_rows(a.offs, g);
-  require_valid_rows(rows, a.m, g, "tile_column_sum", threadIdx.x == 0 && blockIdx.y == 0);
+  if (!rows.valid(a.m)) {
+    report_bad_rows(rows, a.m, g, "tile_column_sum");
+    return;
+  }
   const int64_t tiles = rows.count() > 0 ? (rows.count() + kColumnSumChunkRows - 1) / kColumnSumChunkRows : 0;
   float4 acc = make_float4(0, 0, 0, 0);
   if (col < a.width) {
