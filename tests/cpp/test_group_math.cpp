@@ -125,7 +125,8 @@ TEST(GroupArrays, AProblemCarvesOnlyWhatItUses) {
 }
 
 // A weight-gradient launch carves its groups' walking order (E ids, then the count of
-// non-empty groups, M and N) right after the problem shapes, in the same array.
+// non-empty groups, M, N and the dynamic schedule's ticket counter) right after the problem
+// shapes, in the same array.
 TEST(GroupArrays, RaggedKCarvesItsOrderAfterTheShapes) {
   for (int32_t groups : {1, 128, 1024, 1025}) {
     GemmProblem p;
