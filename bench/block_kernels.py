@@ -7,6 +7,8 @@
 #   python3 bench/block_kernels.py --shapes gpt-oss-20b --routing balanced [--iters 5] [--forward-only]
 # --forward-only: the forward alone, as bench_peer_quack.py times the block's forward.
 # --roles: also each GEMM role by itself, repeated (as bench_peer_quack.py times roles).
+# --fp8: also our FP8 block (cute_moe.fp8.expert_ffn, docs/fp8.md) on the same leaves, with its
+# weight gradients in FP8 ("fp8") and in bf16 ("fp8 bf16-wgrad", the default recipe).
 from __future__ import annotations
 
 import argparse
@@ -46,6 +48,23 @@ def profile_block(fn, leaves, dy, iters: int, forward_only: bool):
     return ({k: (n / iters, us / iters) for k, (n, us) in per.items()}, busy / iters, span / iters)
 
 
+def fp8_sides(t: dict, offs, act: str) -> dict:
+    """{side: our FP8 block's forward} on the peer's leaves, weight gradients FP8 / bf16."""
+    from cute_moe import fp8, fp8_ffn
+
+    def block(weight_grads_fp8: bool):
+        def fn():
+            setting, fp8_ffn.FP8_WEIGHT_GRADS = fp8_ffn.FP8_WEIGHT_GRADS, weight_grads_fp8  # read by the forward
+            try:
+                return fp8.expert_ffn(t["x"], t["w_up"], t["w_down"], offs, t["b_up"], t["b_down"],
+                                      activation=act, swiglu_alpha=peer.ALPHA)
+            finally:
+                fp8_ffn.FP8_WEIGHT_GRADS = setting
+        return fn
+
+    return {"fp8": block(True), "fp8 bf16-wgrad": block(False)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shapes", default="gpt-oss-20b")
@@ -54,6 +73,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--roles", action="store_true")
+    ap.add_argument("--fp8", action="store_true")
     args = ap.parse_args()
     import_cute_moe()
     peer.Q, why = peer.load_quack()
@@ -68,6 +88,8 @@ def main() -> int:
             sides = peer.block_fns(t, offs, cu, onehot, act, False)
             if peer.Q is None:
                 del sides["quack"]
+            if args.fp8:
+                sides.update(fp8_sides(t, offs, act))
             for side, fn in sides.items():
                 per, busy, span = profile_block(fn, leaves, dy, args.iters, args.forward_only)
                 what = "fwd" if args.forward_only else "fwd+bwd"

@@ -179,28 +179,22 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(Quantiz
   store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + (e * a.n + out_row) * pitch + kb * kBlock, a.k - kb * kBlock);
 }
 
-// One CTA of 256 threads per (128-column tile, 128-row block of one group), the threads laid
-// out as in quantize_tiles_kernel. Warp 0 finds the block's group with a scan of the groups'
-// block counts (offs clamped to [0, rows], so a bad offs reads nothing out of bounds); a block
-// past the last group's quantizes no rows (zeros, scale 1). Each column's amax over the
-// block's rows: across the two threads of a warp that share the column, then across the 8
-// warps through shared memory. Four CTAs per SM (64 registers, the values held as bf16, no
-// spills): 9-11% faster than three CTAs holding fp32 values, which spilled at 80 registers
-// (H100, session 26; three was 11-18% faster than two, session 14).
-// With a.q (the 1x128 copy too), each row's amax over the tile's 128 columns (one 1x128 block)
-// across the 16 lanes that hold the row; the blocks past the last group's take the padding
-// rows for that copy, 128 rows each (there are enough: ceil(rows / 128) + E blocks, the groups
-// use at most ceil(used / 128) + E - 1, so at least ceil(padding / 128) remain). With
-// a.tile_scales, one scale for the whole 128 x 128 block: the maximum of the column maxima.
-__global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
-  __shared__ float col_max[kTileThreads / 32][kBlock];
-  __shared__ float tile_max[kBlock / 32];  // tile_scales: the four column warps' maxima
-  __shared__ ScaleDivisor col_div[kBlock];
+// Which rows a CTA of quantize_group_columns_kernel quantizes: 128-row block `b` of the groups'
+// blocks (ceil(rows_g / 128) for group g, numbered group after group), found by warp 0 with a
+// scan of the groups' block counts (offs clamped to [0, rows], so a bad offs reads nothing out
+// of bounds). A block past the last group's quantizes no group rows: with the 1x128 copy it
+// takes padding rows for that copy, 128 each (there are enough: ceil(rows / 128) + E blocks,
+// the groups use at most ceil(used / 128) + E - 1, so at least ceil(padding / 128) remain).
+struct ColumnBlockRows {
+  int64_t first_row;
+  int rows;
+  bool padding;  // the rows feed the 1x128 copy only (the 128x1 block is zeros, scale 1)
+};
+
+__device__ ColumnBlockRows find_column_block(const QuantizeFp8GroupColumnsArgs& a, int64_t b) {
   __shared__ int64_t block_row0, pad_row0;
   __shared__ int block_rows, pad_rows;
-  __shared__ __align__(16) uint8_t tile[kBlock][kBlock + kTilePad];
   const int t = threadIdx.x;
-  const int64_t cb = blockIdx.x, b = blockIdx.y;
   if (t < 32) {
     constexpr unsigned kAll = 0xffffffffu;
     int64_t row0 = 0, before = 0;
@@ -239,7 +233,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
     if (t == 0) {
       block_row0 = row0;
       block_rows = rows;
-      // a block past the groups' (`before` is then all their blocks): padding rows, 1x128 only
+      // past the groups' blocks (`before` is then all of them): padding rows, 1x128 only
       const int64_t used = min(max(int64_t(a.offs[a.num_groups - 1]), int64_t(0)), a.rows);
       pad_row0 = used + (b - before) * kBlock;
       pad_rows = a.q != nullptr && !found ? static_cast<int>(max(min(int64_t(kBlock), a.rows - pad_row0), int64_t(0)))
@@ -247,114 +241,162 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
     }
   }
   __syncthreads();
-  const int cc = t % 16, r0 = t / 16;
+  const bool padding = pad_rows > 0;
+  return {padding ? pad_row0 : block_row0, padding ? pad_rows : block_rows, padding};
+}
+
+// Column j (0..7) of eight bf16 loaded as one uint4, in fp32 (exact: a bf16 is the top half).
+__device__ __forceinline__ float bf16_column(const uint4& v, int j) {
+  const uint32_t w = j / 2 == 0 ? v.x : j / 2 == 1 ? v.y : j / 2 == 2 ? v.z : v.w;
+  return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);
+}
+
+// One CTA of 256 threads per (128-column tile, 128-row block of one group); thread t holds the
+// 8 columns 8 (t % 16) .. +7 of the 8 consecutive rows 8 (t / 16) .. +7 as loaded (bf16: the
+// amaxes are maxima of bf16 values, the same numbers in fp32, and each value goes to fp32 only
+// where it is divided; 64 fp32 values spilled). Four CTAs per SM.
+// - 1x128 copy (with a.q): a row's amax over the tile's 128 columns (one 1x128 block) is
+//   spread over the 16 lanes that hold the row; a reduce-scatter leaves lanes 2i, 2i + 1 of
+//   each half warp with row i's amax, so the block's scale and its reciprocal are computed
+//   twice per row, not 16 times, and shuffled to the row's lanes when its values are divided.
+// - 128x1 copy: each column's amax over its 8 rows, across the two lanes of a warp that hold
+//   the column (rows 8 (t / 16) and the next 8), then across the 8 warps through shared memory
+//   (with a.tile_scales, one scale for the whole 128 x 128 block: the maximum of the column
+//   maxima). A column's 8 quotients convert in row order, so they come out as 8 consecutive
+//   bytes of the transposed output's row (no byte transpose): into a shared tile, one 128-byte
+//   row per column (8-byte pieces XOR-swizzled by (column / 8) % 8: the 32 lanes' stores and
+//   the readers' 16-byte loads are conflict-free), stored out by whole rows.
+// Session 41: the kernel this replaces (each lane holding rows 16 apart, every lane dividing
+// every row's scale, a byte-by-byte transpose through shared memory) issued ~2000
+// instructions per thread and ran at 2.4 TB/s on an H200, issue-bound at ncu's clock.
+__global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
+  constexpr unsigned kAll = 0xffffffffu;
+  __shared__ uint32_t col_max[kTileThreads / 32][kBlock / 2];  // per warp, bf16 pairs of column amaxes
+  __shared__ float tile_max[kBlock / 32];                        // tile_scales: the four column warps' maxima
+  __shared__ __align__(16) ScaleDivisor col_div[kBlock];
+  __shared__ __align__(16) uint8_t tile[kBlock][kBlock];        // [column][row], 8-byte pieces swizzled
+  const int t = threadIdx.x, lane = t & 31;
+  const int64_t cb = blockIdx.x, b = blockIdx.y;
+  const ColumnBlockRows blk = find_column_block(a, b);
+  const int cc = t % 16, rg = t / 16;
   const int64_t col = cb * kBlock + 8 * cc;
-  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src);
-  const bool padding = pad_rows > 0;  // the CTA's rows feed the 1x128 copy only
-  const int64_t first_row = padding ? pad_row0 : block_row0;
-  const int n_rows = padding ? pad_rows : block_rows;
-  // The rows as loaded, 8 bf16 each: the amaxes are taken on the bf16 pairs (a maximum of
-  // bf16 values is one of them, so it is the same number in fp32), and each value goes to fp32
-  // only where it is divided. Holding 64 fp32 values instead spilled (80 registers).
+  const bool col_inside = col < a.cols;
+  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src) + blk.first_row * a.ld_src + col;
   uint4 raw[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int r = r0 + 16 * i;
     raw[i] = make_uint4(0, 0, 0, 0);
-    if (r < n_rows && col < a.cols) raw[i] = *reinterpret_cast<const uint4*>(src + (first_row + r) * a.ld_src + col);
+    if (8 * rg + i < blk.rows && col_inside) raw[i] = *reinterpret_cast<const uint4*>(src + (8 * rg + i) * a.ld_src);
   }
-  if (a.q != nullptr) {  // the 1x128 copy, as quantize_rows_kernel writes it
-    const int64_t blocks_per_row = (a.cols + kBlock - 1) / kBlock;
+  if (a.q != nullptr) {  // the 1x128 copy, the bits quantize_rows_kernel writes
+    float m[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = bf16_abs_max(raw[i]);
+    // reduce-scatter over the half warp's 16 lanes: after the steps over lane bits 3, 2, 1 a
+    // lane keeps one row, (lane >> 1) & 7, and the step over bit 0 completes its maximum
+#pragma unroll
+    for (int half = 4; half >= 1; half >>= 1) {  // rows kept: 4, 2, 1
+      const bool upper = (lane & (2 * half)) != 0;
+#pragma unroll
+      for (int j = 0; j < half; ++j) {
+        const float keep = upper ? m[j + half] : m[j];
+        const float give = upper ? m[j] : m[j + half];
+        m[j] = nan_max(keep, __shfl_xor_sync(kAll, give, 2 * half));
+      }
+    }
+    const float row_amax = nan_max(m[0], __shfl_xor_sync(kAll, m[0], 1));
+    const float row_scale = block_scale(row_amax);
+    const float row_recip = 1.0f / row_scale;
+    const int my_row = 8 * rg + ((lane >> 1) & 7);
+    if ((lane & 1) == 0 && my_row < blk.rows) {
+      a.q_scale[(blk.first_row + my_row) * ((a.cols + kBlock - 1) / kBlock) + cb] = row_scale;
+    }
+    const bool fast = __all_sync(kAll, ScaleDivisor::fast_for(row_scale));  // the warp's 16 rows
+    uint8_t* q = static_cast<uint8_t*>(a.q) + blk.first_row * a.ld_q + col;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int r = r0 + 16 * i;
-      float m = bf16_abs_max(raw[i]);
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));  // the row's 16 lanes
-      const float scale = block_scale(m);
-      if (r >= n_rows) continue;
-      const int64_t row = first_row + r;
-      if (col < a.cols) {
+      const int from = (lane & 16) | (2 * i);  // a lane holding row 8 rg + i's scale
+      const ScaleDivisor div{__shfl_sync(kAll, row_scale, from), __shfl_sync(kAll, row_recip, from)};
+      if (8 * rg + i < blk.rows && col_inside) {
         float x[8];
         to_float(raw[i], x);
-        const ScaleDivisor div{scale, 1.0f / scale};
-        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.q) + row * a.ld_q + col) =
-            e4m3x8(x, div, ScaleDivisor::fast_for(scale));
+        *reinterpret_cast<uint2*>(q + (8 * rg + i) * a.ld_q) = e4m3x8(x, div, fast);
       }
-      if (cc == 0) a.q_scale[row * blocks_per_row + cb] = scale;
     }
-    if (padding) {  // no group's rows: the 128x1 copy's block is zeros, scale 1
+    if (blk.padding) {  // no group's rows: the 128x1 copy's block is zeros, scale 1
 #pragma unroll
       for (int i = 0; i < 8; ++i) raw[i] = make_uint4(0, 0, 0, 0);
     }
   }
-  // each of the thread's 8 columns' amax over its 8 rows, as 4 bf16 pairs
-  __nv_bfloat162 col_pairs[4];
+  // the 8 columns' amaxes over the thread's 8 rows, then over the warp's 16 rows (lanes l, l ^ 16)
+  uint32_t pairs[4];
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
-    col_pairs[p] = __habs2(bf16_pair(raw[0], p));
+    __nv_bfloat162 v = __habs2(bf16_pair(raw[0], p));
 #pragma unroll
-    for (int i = 1; i < 8; ++i) col_pairs[p] = __hmax2_nan(col_pairs[p], __habs2(bf16_pair(raw[i], p)));
+    for (int i = 1; i < 8; ++i) v = __hmax2_nan(v, __habs2(bf16_pair(raw[i], p)));
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(&v);
+    const uint32_t o = __shfl_xor_sync(kAll, u, 16);
+    v = __hmax2_nan(v, *reinterpret_cast<const __nv_bfloat162*>(&o));
+    pairs[p] = *reinterpret_cast<const uint32_t*>(&v);
   }
+  if ((lane & 16) == 0) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float v = j % 2 == 0 ? __low2float(col_pairs[j / 2]) : __high2float(col_pairs[j / 2]);
-    const float m = nan_max(v, __shfl_xor_sync(0xffffffffu, v, 16));  // lanes l, l ^ 16: rows r0, r0 + 1
-    if ((t & 16) == 0) col_max[t >> 5][8 * cc + j] = m;
+    for (int p = 0; p < 4; ++p) col_max[t >> 5][4 * cc + p] = pairs[p];
   }
   __syncthreads();
+  float col_amax = 0.0f;  // thread t < 128: column t's amax over the block's 128 rows
   if (t < kBlock) {
-    float m = 0.0f;
+    __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&col_max[0][t / 2]);
 #pragma unroll
-    for (int w = 0; w < kTileThreads / 32; ++w) m = nan_max(m, col_max[w][t]);
-    if (a.tile_scales) {  // the block's amax over its 128 columns (the four warps of t < 128)
-      m = warp_nan_max(m);
-      if ((t & 31) == 0) tile_max[t >> 5] = m;
-    } else {
-      const float scale = block_scale(m);
+    for (int w = 1; w < kTileThreads / 32; ++w) v = __hmax2_nan(v, *reinterpret_cast<const __nv_bfloat162*>(&col_max[w][t / 2]));
+    col_amax = t % 2 == 0 ? __low2float(v) : __high2float(v);
+  }
+  ScaleDivisor tile_div{1.0f, 1.0f};
+  bool fast;
+  if (a.tile_scales) {  // one scale: the maximum over the four column warps (t < 128)
+    if (t < kBlock) {
+      const float m = warp_nan_max(col_amax);
+      if (lane == 0) tile_max[t >> 5] = m;
+    }
+    __syncthreads();
+    const float scale = block_scale(nan_max(nan_max(tile_max[0], tile_max[1]), nan_max(tile_max[2], tile_max[3])));
+    tile_div = ScaleDivisor{scale, 1.0f / scale};
+    if (t == 0) a.scale[b * ((a.cols + kBlock - 1) / kBlock) + cb] = scale;
+    fast = ScaleDivisor::fast_for(scale);
+  } else {
+    bool col_fast = true;
+    if (t < kBlock) {
+      const float scale = block_scale(col_amax);
       col_div[t] = ScaleDivisor{scale, 1.0f / scale};
       if (cb * kBlock + t < a.cols) a.scale[b * a.cols + cb * kBlock + t] = scale;
+      col_fast = ScaleDivisor::fast_for(scale);
     }
+    fast = __syncthreads_and(col_fast);  // one path for the whole tile
   }
-  if (a.tile_scales) {
-    __syncthreads();
-    if (t < kBlock) {
-      const float m = nan_max(nan_max(tile_max[0], tile_max[1]), nan_max(tile_max[2], tile_max[3]));
-      const float scale = block_scale(m);
-      col_div[t] = ScaleDivisor{scale, 1.0f / scale};
-      if (t == 0) a.scale[b * ((a.cols + kBlock - 1) / kBlock) + cb] = scale;
-    }
+  // column by column: its 8 rows' bytes, lowest row first, into the tile's row 8 cc + j
+  const int swizzle = (cc % 8) * 2;  // of the 8-byte piece index; even, so 16-byte pairs stay whole
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const ScaleDivisor div = a.tile_scales ? tile_div : col_div[8 * cc + j];
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = bf16_column(raw[i], j);
+    *reinterpret_cast<uint2*>(&tile[8 * cc + j][8 * (rg ^ swizzle)]) = e4m3x8(x, div, fast);
   }
   __syncthreads();
-  // Column pair by column pair (each pair's two divisors read once), the eight rows' words
-  // filled 16 bits at a time.
-  uint32_t w[8][2];
+  // row R of the tile (a column of the source) is 128 bytes of q_t's row cb * 128 + R at
+  // column b * 128: eight lanes a row, four rows a warp store
+  uint8_t* q_t = static_cast<uint8_t*>(a.q_t) + b * kBlock;
 #pragma unroll
-  for (int jp = 0; jp < 4; ++jp) {
-    const ScaleDivisor d0 = col_div[8 * cc + 2 * jp], d1 = col_div[8 * cc + 2 * jp + 1];
-    const int shift = 16 * (jp % 2);
-    if (ScaleDivisor::fast_for(d0.s) && ScaleDivisor::fast_for(d1.s)) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 v = __bfloat1622float2(bf16_pair(raw[i], jp));
-        const uint32_t pair = e4m3x2(d0.fast(v.x), d1.fast(v.y)) << shift;
-        w[i][jp / 2] = shift == 0 ? pair : w[i][jp / 2] | pair;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 v = __bfloat1622float2(bf16_pair(raw[i], jp));
-        const uint32_t pair = e4m3x2(d0.exact(v.x), d1.exact(v.y)) << shift;
-        w[i][jp / 2] = shift == 0 ? pair : w[i][jp / 2] | pair;
-      }
+  for (int k = 0; k < 4; ++k) {
+    const int r = t / 8 + 32 * k, piece = t % 8;
+    const int64_t out_row = cb * kBlock + r;
+    if (out_row < a.cols) {
+      const uint4 v = *reinterpret_cast<const uint4*>(&tile[r][16 * (piece ^ ((r / 8) % 8))]);
+      *reinterpret_cast<uint4*>(q_t + out_row * a.ld_q_t + 16 * piece) = v;
     }
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) *reinterpret_cast<uint2*>(&tile[r0 + 16 * i][8 * cc]) = make_uint2(w[i][0], w[i][1]);
-  __syncthreads();
-  const int64_t out_row = cb * kBlock + t / 2;  // a column of x
-  if (out_row >= a.cols) return;
-  store_transposed(tile, t, static_cast<uint8_t*>(a.q_t) + out_row * a.ld_q_t + b * kBlock, kBlock);
 }
 
 // quantize_rows_kernel<Source> over a (validated) a's rows.
