@@ -29,14 +29,8 @@ __device__ __forceinline__ float bf16_abs_max(const uint4& v) {
   return nan_max(__low2float(m), __high2float(m));
 }
 
-// The 1x128 quantizer's input, eight values of one row: the bf16 matrix itself, or the h of an
-// activation computed from pre as the fused up projection computes and rounds it.
-struct Bf16Source {
-  __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams&, float (&x)[8]) {
-    to_float(*reinterpret_cast<const uint4*>(row + col), x);
-  }
-};
-
+// The activation pass's input, eight values of one row: the h of an activation computed from
+// pre as the fused up projection computes and rounds it (to bf16), in fp32.
 template <class Activation>
 struct ActSource {
   __device__ static void load(const __nv_bfloat16* row, int64_t col, const detail::ActParams& p, float (&x)[8]) {
@@ -57,14 +51,91 @@ struct ActSource {
   }
 };
 
-// One warp per (row, 256-column span): lane l holds columns 8l .. 8l + 7 of the span (one
-// 16-byte load of a bf16 source, two of a gated activation's pre), lanes 0-15 the span's first
-// 128-column block and 16-31 its second; each half warp reduces its block's amax. (cols is a
-// multiple of 16, so a lane's eight are all inside or all outside.) Twice the bytes per load
-// of a warp per block: the pass runs at a larger share of the memory bandwidth.
+// The 1x128 blocks of 8 consecutive rows held by a half warp, each lane 8 columns of each row
+// as bf16 (zeros outside the matrix): the rows' scales and e4m3 bytes, the bits of
+// cute_moe.reference.fp8's quantize_1x128. A reduce-scatter over the half warp's 16 lanes (the
+// steps over lane bits 3, 2, 1 halve the rows a lane keeps; the step over bit 0 completes the
+// maximum) leaves lanes 2i, 2i + 1 with row i's amax, so a block's scale and its reciprocal are
+// divided by two lanes, not sixteen (2.5 instructions per element before: session 41), and
+// shuffled to the row's lanes when its values are divided. `rows`: the valid rows (0-8);
+// `store`: the lane's columns are inside; `scales`: the half warp's block is (its scale of row i
+// at scale[i * ld_scale]). Every lane of the warp calls this.
+__device__ __forceinline__ void quantize_8_rows_1x128(const uint4 (&raw)[8], int rows, bool store, uint8_t* q,
+                                                      int64_t ld_q, bool scales, float* scale, int64_t ld_scale) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  float m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = bf16_abs_max(raw[i]);
+#pragma unroll
+  for (int half = 4; half >= 1; half >>= 1) {  // rows kept: 4, 2, 1
+    const bool upper = (lane & (2 * half)) != 0;
+#pragma unroll
+    for (int j = 0; j < half; ++j) {
+      const float keep = upper ? m[j + half] : m[j];
+      const float give = upper ? m[j] : m[j + half];
+      m[j] = nan_max(keep, __shfl_xor_sync(kAll, give, 2 * half));
+    }
+  }
+  const float row_scale = block_scale(nan_max(m[0], __shfl_xor_sync(kAll, m[0], 1)));
+  const float row_recip = 1.0f / row_scale;
+  const int mine = (lane >> 1) & 7;  // the row whose scale this lane holds
+  if (scales && (lane & 1) == 0 && mine < rows) scale[mine * ld_scale] = row_scale;
+  const bool fast = __all_sync(kAll, ScaleDivisor::fast_for(row_scale));  // the warp's rows
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int from = (lane & 16) | (2 * i);  // a lane of this half holding row i's scale
+    const ScaleDivisor div{__shfl_sync(kAll, row_scale, from), __shfl_sync(kAll, row_recip, from)};
+    if (i < rows && store) {
+      float x[8];
+      to_float(raw[i], x);
+      *reinterpret_cast<uint2*>(q + i * ld_q) = e4m3x8(x, div, fast);
+    }
+  }
+}
+
+constexpr int kRowsThreads = 256;  // the 1x128 passes' CTA
+
+// The 1x128 pass over a bf16 matrix: one warp per (8 rows, 256-column span), lane l holding
+// columns 8l .. 8l + 7 of the span of each of the 8 rows, lanes 0-15 the span's first 128-column
+// block and 16-31 its second. (cols is a multiple of 16, so a lane's eight are all inside or all
+// outside.) With an index, lanes 0-7 read and check the 8 rows' source rows and the warp shares
+// them. 1.35x the row-a-warp scheme of quantize_act_rows_kernel below, whose 16 lanes of a
+// block each divide its scale (H200, session 41).
+__global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, int64_t spans_per_row, int64_t blocks_per_row) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (item >= (a.rows + 7) / 8 * spans_per_row) return;
+  const int64_t row0 = item / spans_per_row * 8, span = item % spans_per_row;
+  const int rows = static_cast<int>(min(int64_t(8), a.rows - row0));
+  const int64_t col = span * 2 * kBlock + 8 * lane;
+  const bool inside = col < a.cols;
+  int64_t src_row = row0 + (lane & 7);
+  if (a.index != nullptr) {
+    int32_t v = 0;
+    if (lane < rows) v = detail::checked_row(a.index, row0 + lane, 1, a.src_rows, "quantize_fp8_1x128");
+    src_row = v;
+  }
+  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src);
+  uint4 raw[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = __shfl_sync(0xffffffffu, src_row, i);
+    raw[i] = make_uint4(0, 0, 0, 0);
+    if (i < rows && inside) raw[i] = *reinterpret_cast<const uint4*>(src + r * a.ld_src + col);
+  }
+  const int64_t blk = 2 * span + (lane >> 4);
+  quantize_8_rows_1x128(raw, rows, inside, static_cast<uint8_t*>(a.q) + row0 * a.ld_q + col, a.ld_q,
+                        blk < blocks_per_row, a.scale + row0 * blocks_per_row + blk, blocks_per_row);
+}
+
+// The activation's 1x128 pass: one warp per (row, 256-column span), the lanes' columns as in
+// quantize_rows_kernel, each half warp reducing its block's amax and every lane dividing its
+// scale. The activation computes more per value and reads twice the bytes of a gated pre:
+// holding 8 rows of it (75 registers) cost the pass occupancy, 3-18% slower (H200, session 41).
 template <class Source>
-__global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p, int64_t spans_per_row,
-                                     int64_t blocks_per_row) {
+__global__ void quantize_act_rows_kernel(QuantizeFp8RowsArgs a, detail::ActParams p, int64_t spans_per_row,
+                                        int64_t blocks_per_row) {
   const int lane = threadIdx.x & 31;
   const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (item >= a.rows * spans_per_row) return;
@@ -109,11 +180,13 @@ __device__ __forceinline__ void store_transposed(const uint8_t (&tile)[kBlock][k
 }
 
 // One CTA of 256 threads per 128 x 128 tile: thread t holds the 8 columns 8 (t % 16) .. +7
-// of rows t / 16 + 16 i (i < 8). q is stored as read; q_t through a shared-memory tile,
-// each thread writing 64 consecutive k of one output row. Three CTAs per SM (80 registers,
-// not 86): 16-21% faster than two, as more loads are in flight (session 14).
+// of rows t / 16 + 16 i (i < 8), as loaded (bf16; each value goes to fp32 where it is
+// divided). q is stored as read; q_t through a shared-memory tile, each thread writing 64
+// consecutive k of one output row. Four CTAs per SM (64 registers): more loads in flight
+// (session 14: three CTAs 16-21% faster than two; session 41: the values held as bf16 instead
+// of 64 fp32 registers, which spilled at 80 once the division lost its copysign).
 
-__global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
+__global__ void __launch_bounds__(kTileThreads, 4) quantize_tiles_kernel(QuantizeFp8TilesArgs a) {
   __shared__ float warp_amax[kTileThreads / 32];
   __shared__ ScaleDivisor tile_div;
   __shared__ __align__(16) uint8_t tile[kBlock][kBlock + kTilePad];
@@ -124,22 +197,16 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(Quantiz
   const int64_t col = nb * kBlock + 8 * cc;
   const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src) + e * a.batch_stride_src;
 
-  float x[8][8];
+  uint4 raw[8];
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int64_t row = kb * kBlock + r0 + 16 * i;
-    const bool inside = row < a.k && col < a.n;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (inside) raw = *reinterpret_cast<const uint4*>(src + row * a.ld_src + col);
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x[i][2 * j] = __low2float(pairs[j]);
-      x[i][2 * j + 1] = __high2float(pairs[j]);
-      amax = nan_max(amax, nan_max(fabsf(x[i][2 * j]), fabsf(x[i][2 * j + 1])));
-    }
+    raw[i] = make_uint4(0, 0, 0, 0);
+    if (row < a.k && col < a.n) raw[i] = *reinterpret_cast<const uint4*>(src + row * a.ld_src + col);
   }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = nan_max(amax, bf16_abs_max(raw[i]));
   amax = warp_nan_max(amax);
   if ((t & 31) == 0) warp_amax[t >> 5] = amax;
   __syncthreads();
@@ -153,13 +220,13 @@ __global__ void __launch_bounds__(kTileThreads, 3) quantize_tiles_kernel(Quantiz
   }
   __syncthreads();
   const ScaleDivisor div = tile_div;
-  uint2 q[8];  // the rows' bytes; the test on the scale outside the element loops
-  if (ScaleDivisor::fast_for(div.s)) {
+  const bool fast = ScaleDivisor::fast_for(div.s);
+  uint2 q[8];  // the rows' bytes
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = e4m3x8(x[i], [&](float v, int) { return div.fast(v); });
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = e4m3x8(x[i], [&](float v, int) { return div.exact(v); });
+  for (int i = 0; i < 8; ++i) {
+    float x[8];
+    to_float(raw[i], x);
+    q[i] = e4m3x8(x, div, fast);
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -289,40 +356,10 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
     if (8 * rg + i < blk.rows && col_inside) raw[i] = *reinterpret_cast<const uint4*>(src + (8 * rg + i) * a.ld_src);
   }
   if (a.q != nullptr) {  // the 1x128 copy, the bits quantize_rows_kernel writes
-    float m[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m[i] = bf16_abs_max(raw[i]);
-    // reduce-scatter over the half warp's 16 lanes: after the steps over lane bits 3, 2, 1 a
-    // lane keeps one row, (lane >> 1) & 7, and the step over bit 0 completes its maximum
-#pragma unroll
-    for (int half = 4; half >= 1; half >>= 1) {  // rows kept: 4, 2, 1
-      const bool upper = (lane & (2 * half)) != 0;
-#pragma unroll
-      for (int j = 0; j < half; ++j) {
-        const float keep = upper ? m[j + half] : m[j];
-        const float give = upper ? m[j] : m[j + half];
-        m[j] = nan_max(keep, __shfl_xor_sync(kAll, give, 2 * half));
-      }
-    }
-    const float row_amax = nan_max(m[0], __shfl_xor_sync(kAll, m[0], 1));
-    const float row_scale = block_scale(row_amax);
-    const float row_recip = 1.0f / row_scale;
-    const int my_row = 8 * rg + ((lane >> 1) & 7);
-    if ((lane & 1) == 0 && my_row < blk.rows) {
-      a.q_scale[(blk.first_row + my_row) * ((a.cols + kBlock - 1) / kBlock) + cb] = row_scale;
-    }
-    const bool fast = __all_sync(kAll, ScaleDivisor::fast_for(row_scale));  // the warp's 16 rows
-    uint8_t* q = static_cast<uint8_t*>(a.q) + blk.first_row * a.ld_q + col;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int from = (lane & 16) | (2 * i);  // a lane holding row 8 rg + i's scale
-      const ScaleDivisor div{__shfl_sync(kAll, row_scale, from), __shfl_sync(kAll, row_recip, from)};
-      if (8 * rg + i < blk.rows && col_inside) {
-        float x[8];
-        to_float(raw[i], x);
-        *reinterpret_cast<uint2*>(q + (8 * rg + i) * a.ld_q) = e4m3x8(x, div, fast);
-      }
-    }
+    const int rows = max(0, min(8, blk.rows - 8 * rg));
+    const int64_t row = blk.first_row + 8 * rg, blocks_per_row = (a.cols + kBlock - 1) / kBlock;
+    quantize_8_rows_1x128(raw, rows, col_inside, static_cast<uint8_t*>(a.q) + row * a.ld_q + col, a.ld_q, true,
+                          a.q_scale + row * blocks_per_row + cb, blocks_per_row);
     if (blk.padding) {  // no group's rows: the 128x1 copy's block is zeros, scale 1
 #pragma unroll
       for (int i = 0; i < 8; ++i) raw[i] = make_uint4(0, 0, 0, 0);
@@ -382,7 +419,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
     float x[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] = bf16_column(raw[i], j);
-    *reinterpret_cast<uint2*>(&tile[8 * cc + j][8 * (rg ^ swizzle)]) = e4m3x8(x, div, fast);
+    // rg again from the thread index: cheaper than the register it would hold (ptxas spilled it)
+    *reinterpret_cast<uint2*>(&tile[8 * cc + j][8 * ((threadIdx.x >> 4) ^ swizzle)]) = e4m3x8(x, div, fast);
   }
   __syncthreads();
   // row R of the tile (a column of the source) is 128 bytes of q_t's row cb * 128 + R at
@@ -399,17 +437,15 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
   }
 }
 
-// quantize_rows_kernel<Source> over a (validated) a's rows.
-template <class Source>
-Result launch_rows(const QuantizeFp8RowsArgs& a, const detail::ActParams& p, const char* op, cudaStream_t stream) {
-  const int64_t blocks_per_row = (a.cols + kBlock - 1) / kBlock;
-  const int64_t spans_per_row = (blocks_per_row + 1) / 2;
-  const int64_t warps = a.rows * spans_per_row;
-  constexpr int kThreads = 256;
-  const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
-  if (grid > 2147483647) return Result::error(Status::kInvalidArgument, std::string(op) + ": too many rows");
-  quantize_rows_kernel<Source><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, p, spans_per_row, blocks_per_row);
-  return detail::launched(op);
+// The grid of a 1x128 pass over a (validated) a's rows with `rows_per_warp` rows a warp (256
+// threads a CTA), or an error when it has too many CTAs.
+Result rows_grid(const QuantizeFp8RowsArgs& a, int rows_per_warp, const char* op, unsigned* grid) {
+  const int64_t spans_per_row = ((a.cols + kBlock - 1) / kBlock + 1) / 2;
+  const int64_t warps = (a.rows + rows_per_warp - 1) / rows_per_warp * spans_per_row;
+  const int64_t ctas = (warps * 32 + kRowsThreads - 1) / kRowsThreads;
+  if (ctas > 2147483647) return Result::error(Status::kInvalidArgument, std::string(op) + ": too many rows");
+  *grid = static_cast<unsigned>(ctas);
+  return Result::success();
 }
 
 template <detail::Act A>
@@ -418,7 +454,14 @@ Result launch_act_rows(const ActQuantizeFp8RowsArgs& a, cudaStream_t stream) {
   p.alpha = a.act.alpha;
   p.limit = a.act.limit;
   p.has_limit = a.act.has_limit;
-  return launch_rows<ActSource<typename detail::ActFunctor<A>::type>>(a.rows, p, "act_quantize_fp8_1x128 launch", stream);
+  const char* op = "act_quantize_fp8_1x128 launch";
+  unsigned grid = 0;
+  Result r = rows_grid(a.rows, 1, op, &grid);
+  if (!r.ok()) return r;
+  const int64_t blocks_per_row = (a.rows.cols + kBlock - 1) / kBlock;
+  quantize_act_rows_kernel<ActSource<typename detail::ActFunctor<A>::type>>
+      <<<grid, kRowsThreads, 0, stream>>>(a.rows, p, (blocks_per_row + 1) / 2, blocks_per_row);
+  return detail::launched(op);
 }
 
 }  // namespace
@@ -426,7 +469,13 @@ Result launch_act_rows(const ActQuantizeFp8RowsArgs& a, cudaStream_t stream) {
 Result quantize_fp8_1x128(const QuantizeFp8RowsArgs& a, cudaStream_t stream) {
   Result r = validate(a);
   if (!r.ok() || a.rows == 0 || a.cols == 0) return r;
-  return launch_rows<Bf16Source>(a, detail::ActParams{}, "quantize_fp8_1x128 launch", stream);
+  const char* op = "quantize_fp8_1x128 launch";
+  unsigned grid = 0;
+  r = rows_grid(a, 8, op, &grid);
+  if (!r.ok()) return r;
+  const int64_t blocks_per_row = (a.cols + kBlock - 1) / kBlock;
+  quantize_rows_kernel<<<grid, kRowsThreads, 0, stream>>>(a, (blocks_per_row + 1) / 2, blocks_per_row);
+  return detail::launched(op);
 }
 
 Result act_quantize_fp8_1x128(const ActQuantizeFp8RowsArgs& a, cudaStream_t stream) {

@@ -312,3 +312,31 @@ def test_quantizers_divide_where_a_reciprocal_would_round_otherwise():
     q_t, s = torch.ops.cute_moe.quantize_fp8_128x1(x, offs)
     rq, rs = ref.quantize_128x1_t(x, offs)
     assert torch.equal(s, rs) and torch.equal(_bits(q_t), _bits(rq))
+
+
+def test_quantizers_keep_the_sign_of_zero():
+    """-0 quantizes to e4m3's -0 (0x80), +0 to 0x00, in every quantizer: the division's
+    correction step keeps a zero's sign without a copysign (fp8_block_math.cuh)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    rows, cols = 384, 256
+    x = torch.randn(rows, cols, device="cuda", generator=g).bfloat16()
+    zeros = torch.rand(rows, cols, device="cuda", generator=g) < 0.25
+    signs = torch.rand(rows, cols, device="cuda", generator=g) < 0.5
+    zeros[:128, :128] = signs[:128, :128] = True  # a whole block of -0: amax 0, scale 1
+    x = torch.where(zeros, torch.where(signs, -0.0, 0.0).bfloat16(), x)
+    assert bool(torch.signbit(x[zeros & signs]).all()) and not bool(torch.signbit(x[zeros & ~signs]).any())
+    offs = _offs([200, 0, 184])
+    q, s = torch.ops.cute_moe.quantize_fp8_1x128(x)
+    rq, rs = ref.quantize_1x128(x)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert bool((_bits(q)[zeros & signs] == 0x80).all()) and bool((_bits(q)[zeros & ~signs] == 0).all())
+    for tile_scales in (False, True):
+        q, s, q_t, s_t = torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales)
+        rq_t, rs_t = ref.quantize_128x1_t(x, offs, tile_scales)
+        assert torch.equal(_bits(q), _bits(rq))
+        assert torch.equal(s_t, rs_t) and torch.equal(_bits(q_t), _bits(rq_t))
+    w = x.view(3, 128, 256)
+    q, s, qt, st = torch.ops.cute_moe.quantize_fp8_128x128(w, True, True)
+    rq, rs = ref.quantize_128x128(w)
+    assert torch.equal(s, rs) and torch.equal(_bits(q), _bits(rq))
+    assert torch.equal(_bits(qt), _bits(rq).transpose(-2, -1))
