@@ -15,6 +15,7 @@
 #
 #   python bench/memory_trace.py [--config gpt-oss-20b] [--precisions bf16,fp8] [--tokens T]
 #                                [--top 12] [--fuse-gather default|on|off]
+#                                [--fp8-weight-grads default|on|off]
 from __future__ import annotations
 
 import argparse
@@ -111,8 +112,13 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=12, help="live tensors listed at the peak")
     ap.add_argument("--fuse-gather", choices=("default", "on", "off"), default="default",
                     help="MoE's fuse_gather: None (on for fp8, off for bf16), True or False")
+    ap.add_argument("--fp8-weight-grads", choices=("default", "on", "off"), default="default",
+                    help="fp8's weight gradients on the FP8 ragged-K GEMM (fp8_ffn.FP8_WEIGHT_GRADS): "
+                         "by shape (fp8_ffn.fp8_weight_grads_for), always or never")
     args = ap.parse_args(argv)
     import_cute_moe()
+    from cute_moe import fp8_ffn
+    fp8_ffn.FP8_WEIGHT_GRADS = {"default": None, "on": True, "off": False}[args.fp8_weight_grads]
     from cute_moe.bench.configs import CONFIGS
     cfg = CONFIGS[args.config]
     if args.tokens is not None:

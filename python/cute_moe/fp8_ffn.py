@@ -10,7 +10,7 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # the copies made once per optimizer step, held until it closes); activations and gradients are
 # quantized right before the GEMM that reads them (dpre's 1x128 copy can come from the down
 # projection's fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs;
-# for the FP8 weight gradients (FP8_WEIGHT_GRADS) by blocks of each expert's rows, 128x1 for the
+# for the FP8 weight gradients (FP8_WEIGHT_GRADS, fp8_weight_grads_for) by blocks of each expert's rows, 128x1 for the
 # activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and dpre feed both
 # kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the fused backward wrote
 # its 1x128; the up projection keeps x's 128x1 copy for its weight gradient instead of the bf16 x,
@@ -47,11 +47,29 @@ _OP = "fp8.expert_ffn"
 _BF16_PATH = "cute_moe.expert_ffn"
 
 # The weight gradients on the FP8 ragged-K GEMM (True) or on the bf16 one over the bf16 operands
-# (False, the default: on an H100 the FP8 ones, 1.43x the bf16 GEMMs at GPT-OSS-20B, leave the
-# block level there once their quantization passes are paid (1.02x against 1.01x) for 0.8 GiB
-# more peak memory, and 12% slower at Qwen3-30B-A3B; docs/perf-notes.md, session 17). Each
-# forward reads it; its backward follows what the forward read.
-FP8_WEIGHT_GRADS = False
+# (False); None (the default) picks by shape, fp8_weight_grads_for. Each forward reads it; its
+# backward follows what the forward decided.
+FP8_WEIGHT_GRADS: bool | None = None
+# The FP8 weight gradients pay where each expert has this many routed rows or more on average:
+# their GEMMs are ~1.4x the bf16 ones on deep groups, and their operands' 128x1 copies come
+# from passes that write them beside the 1x128 copies. The MoE layer per micro-batch against the
+# bf16 weight gradients (H200, session 41): GPT-OSS-20B (3072 rows an expert) 1.06x, the seed
+# example (6144) 1.03x; GPT-OSS-120B (768) 0.99-1.00x, Qwen3-30B-A3B (1024) 0.93x, their shallow
+# groups leaving the FP8 GEMM few k-blocks a tile (docs/perf-notes.md, session 41). Not with a
+# gather fused into x's quantizer (nn.MoE's FP8 default): the FP8 weight gradient needs x's rows
+# sorted in bf16 first, and its copies (x's 128x1, dpre's 128x128) put the layer's peak above the
+# bf16 layer's with the same gather (GPT-OSS-20B: 4.08 against 3.79 GiB, bench/memory_trace.py),
+# issue 14's memory bar; without one it stays below (4.08 against 4.32).
+FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT = 2048
+
+
+def fp8_weight_grads_for(rows: int, experts: int, gathered: bool) -> bool:
+    """Whether a block of `rows` routed rows over `experts` experts (`gathered`: its rows come
+    through a fused gather) runs its weight gradients in FP8: FP8_WEIGHT_GRADS where it is set,
+    else by the rows per expert, without a fused gather."""
+    if FP8_WEIGHT_GRADS is not None:
+        return bool(FP8_WEIGHT_GRADS)
+    return not gathered and rows >= FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT * max(experts, 1)
 
 # dpre's 1x128 copy from the down projection's fused backward (True; gated activations) or from a
 # quantization pass of its own in the up projection's backward (False, the default: on an H100
@@ -105,10 +123,10 @@ class _Fp8UpProj(torch.autograd.Function):
     keeps it)."""
 
     @staticmethod
-    def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows, train):
+    def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows, train, weight_grads_fp8):
         up = forward_operand(w_up, backward_too=train and ctx.needs_input_grad[0])
         need_w = ctx.needs_input_grad[1]
-        fp8_w = need_w and FP8_WEIGHT_GRADS  # expert_ffn gathers first for it: no rows here
+        fp8_w = need_w and weight_grads_fp8  # expert_ffn gathers first for it: no rows here
         if rows is not None:
             xq, x_scale, xq_t, x_scale_t = *quantize_1x128(x, rows), None, None
         else:
@@ -131,7 +149,7 @@ class _Fp8UpProj(torch.autograd.Function):
     def backward(ctx, _grad_h_q, _grad_h_scale, dpre):
         x, xq_t, x_scale_t, w_up, offs, rows, token_rows = ctx.saved_tensors
         need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
-        none = (None,) * 9
+        none = (None,) * 10
         if dpre is None:
             return none
         dpre = dpre.contiguous()
@@ -178,7 +196,7 @@ class _Fp8DownProj(torch.autograd.Function):
     _Fp8UpProj's W_up."""
 
     @staticmethod
-    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train):
+    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train, weight_grads_fp8):
         _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         down = forward_operand(w_down, backward_too=train and (need_pre or need_prob))
         y = grouped_mm_unchecked(h_q, h_scale, *down, offs, b_down, prob)
@@ -188,7 +206,7 @@ class _Fp8DownProj(torch.autograd.Function):
             y = _combine(y, token_rows)
         ctx.act = act
         ctx.link = link
-        ctx.fp8_weight_grads = FP8_WEIGHT_GRADS
+        ctx.fp8_weight_grads = weight_grads_fp8
         ctx.bias_dtype = b_down.dtype if b_down is not None else None
         ctx.save_for_backward(pre if (need_w or need_pre or need_prob) else None, w_down, offs,
                               b_down if need_prob else None, prob, row_token)
@@ -218,11 +236,21 @@ class _Fp8DownProj(torch.autograd.Function):
 
         if not late:
             dy, db, bias_dot = output_grads()
+        bias_dtype = ctx.bias_dtype if need_b and not late and db is None else None
+        db_w = None
+
+        def bias_grad_from(dy):  # b_down's gradient where output_grads did not give it
+            return _column_sum(dy, offs, prob).to(bias_dtype) if bias_dtype is not None else None
+
         if fused:
             if late:
                 dyq, dy_scale = quantize_1x128(dout, row_token)
             else:
                 dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
+            if fp8_w:  # (never late) the weight gradient reads dy's copies: the bf16 dy's last
+                # use is b_down's gradient, taken now so that dy is freed before the kernel
+                # allocates dpre and p h, the layer's peak (bench/memory_trace.py)
+                db_w, dy = bias_grad_from(dy), None
             # dpre's 1x128 for the up projection's dx, from this kernel's epilogue
             fused_copy = ctx.link is not None and ctx.link.wanted and need_pre and is_gated(act.name)
             dpre, hp, dprob, *copy = grouped_mm_act_bwd_unchecked(
@@ -240,15 +268,18 @@ class _Fp8DownProj(torch.autograd.Function):
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
             if fp8_w:
                 dy_t = quantize_128x1(dy, offs, tile_scales=True)
-        bias_dtype = ctx.bias_dtype if need_b and db is None else None
         if fp8_w:
-            dw = grouped_mm_wgrad(*quantize_128x1(hp, offs), *dy_t, offs)  # (E, I, H), w_down's
-            db_w = _column_sum(dy, offs, prob).to(bias_dtype) if bias_dtype is not None else None
+            if dy is not None:  # the unfused path's
+                db_w, dy = bias_grad_from(dy), None
+            hp_t = quantize_128x1(hp, offs)
+            hp = None  # freed before dW is allocated
+            dw = grouped_mm_wgrad(*hp_t, *dy_t, offs)  # (E, I, H), w_down's
         else:
+            bias_dtype = ctx.bias_dtype if need_b and db is None else None
             dw, db_w, _ = _param_grads(hp, dy, offs, w_down, need_w, bias_dtype, row_scale=prob)
         db = db.to(ctx.bias_dtype) if db is not None else db_w
         return (None, None, dw, None, db, dpre if need_pre else None, dprob if need_prob else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _unsupported(what: str, hint: str = "") -> None:
@@ -336,13 +367,17 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     num_experts, hidden = w_up.shape[0], x.shape[1]
     inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
     rows = token_rows = None
+    weight_grads_fp8 = None  # decided once the routed rows are known
     if gather is not None:
         rows, token_rows = checked_gather(_OP, gather, x)
-        if FP8_WEIGHT_GRADS and torch.is_grad_enabled() and w_up.requires_grad:
+        weight_grads_fp8 = fp8_weight_grads_for(rows.shape[0], num_experts, gathered=True)
+        if weight_grads_fp8 and torch.is_grad_enabled() and w_up.requires_grad:
             # the FP8 weight gradient reads x's 128x1 copy of the sorted rows: gather first
             x = gather_rows(x, rows, token_rows)
             rows = token_rows = None
     m = x.shape[0] if rows is None else rows.shape[0]
+    if weight_grads_fp8 is None:
+        weight_grads_fp8 = fp8_weight_grads_for(m, num_experts, gathered=False)
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
         raise ValueError(f"cute_moe.{_OP}: w_down: expected shape {(num_experts, inter, hidden)} "
                          f"(E, I, H), got shape {tuple(w_down.shape)}")
@@ -364,7 +399,8 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     # torch.compile, the up projection quantizes dpre itself: the same bits)
     link = None if torch.compiler.is_compiling() or not FUSED_DPRE_COPY else _DpreCopy()
     train = torch.is_grad_enabled()  # a backward may follow (the Functions' forwards run without)
-    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link, rows, token_rows, train)
+    h_q, h_scale, pre = _Fp8UpProj.apply(x, w_up, offs, b_up, act, link, rows, token_rows, train,
+                                         weight_grads_fp8)
     combine = checked_combine(_OP, combine, m, hidden, x)  # behind the GEMM's launch
     return _Fp8DownProj.apply(h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine,
-                              train)
+                              train, weight_grads_fp8)

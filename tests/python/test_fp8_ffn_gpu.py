@@ -1,5 +1,5 @@
 # cute_moe.fp8.expert_ffn on the GPU (the FP8 quantizers and ragged-M GEMMs; weight gradients in
-# bf16, the default, and in FP8):
+# bf16 and in FP8, forced either way, and the default's choice between them by shape):
 # a GPT-OSS-like block (swiglu_oai with biases and router probabilities) and a swiglu block
 # without either, output and every gradient against the quantization-matched
 # reference (fp8_ffn_cases.fp8_ffn_ref, float64) and against cute_moe.expert_ffn (bf16); no host
@@ -172,3 +172,37 @@ def test_torch_compile_fullgraph_with_combine(gather):
     assert out.shape == (m // k, hidden) and torch.equal(out, want_out)
     for name, got, ref in zip(names, grads, want):
         assert torch.equal(got, ref), name
+
+
+def test_weight_gradients_in_fp8_by_rows_per_expert(monkeypatch):
+    """FP8_WEIGHT_GRADS None (the default): the FP8 weight gradients where the experts average
+    at least FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows and no gather is fused, the bf16
+    ones otherwise: each default run has the bits of the setting forced that way, and the two
+    settings' weight gradients differ (so the comparison tells them apart)."""
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", None)
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT", 256)  # small blocks
+    for counts, gathered, want_fp8 in [([300, 260], False, True),        # 280 rows an expert
+                                       ([100, 200, 150], False, False),  # 150
+                                       ([300, 260], True, False)]:       # deep, but gathered
+        leaves, offs = make_leaves(counts, 128, 128, "swiglu_oai", bias=True, prob=True,
+                                   device="cuda", seed=len(counts))
+        m = leaves["x"].shape[0]
+        dy = torch.randn(m, 128, device="cuda").to(BF16)
+        kw = {}
+        if gathered:  # tokens in another order, gathered back into expert order by the block
+            perm = torch.randperm(m, device="cuda")
+            tokens = leaves["x"].detach()[perm.argsort()].requires_grad_()
+            leaves = dict(leaves, x=tokens)
+            kw = dict(gather=(perm.to(torch.int32), None))
+        names = [k for k in leaves if k != "x"]
+
+        def weight_grads(setting):
+            monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", setting)
+            out = run_fp8(leaves, offs, "swiglu_oai", **kw)
+            return dict(zip(names, torch.autograd.grad(out, [leaves[k] for k in names], dy)))
+
+        forced = {s: weight_grads(s) for s in (False, True)}
+        default = weight_grads(None)
+        assert not torch.equal(forced[True]["w_up"], forced[False]["w_up"])
+        for k in names:
+            assert torch.equal(default[k], forced[want_fp8][k]), (counts, gathered, k)
