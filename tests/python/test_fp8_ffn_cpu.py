@@ -257,3 +257,21 @@ def test_prob_dtype_and_default_limit():
     grads = dict(zip(names, torch.autograd.grad(out, [leaves[k] for k in names], dy)))
     check_matched(out, grads, *fp8_ffn_ref(leaves, offs, "swiglu_oai", dy, alpha=1.0, limit=5.0),
                   MATCHED_TOL, MIN_EXACT, "alpha 1, limit 5")
+
+
+def test_fp8_weight_grads_rule(monkeypatch):
+    """fp8_ffn.fp8_weight_grads_for: FP8_WEIGHT_GRADS where set; unset, FP8 from
+    FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows an expert on average, never through a
+    fused gather (the GPU test checks the block follows it)."""
+    from cute_moe import fp8_ffn
+    least = fp8_ffn.FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", None)
+    assert fp8_ffn.fp8_weight_grads_for(32 * least, 32, gathered=False)
+    assert not fp8_ffn.fp8_weight_grads_for(32 * least - 1, 32, gathered=False)
+    assert not fp8_ffn.fp8_weight_grads_for(32 * least, 32, gathered=True)
+    assert not fp8_ffn.fp8_weight_grads_for(1024 * 128, 128, gathered=False)  # Qwen3-30B-A3B
+    assert fp8_ffn.fp8_weight_grads_for(3072 * 32, 32, gathered=False)        # GPT-OSS-20B
+    for setting in (True, False):
+        monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", setting)
+        for rows, gathered in [(1, False), (10 ** 6, False), (10 ** 6, True)]:
+            assert fp8_ffn.fp8_weight_grads_for(rows, 4, gathered=gathered) is setting
