@@ -10,11 +10,11 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # the copies made once per optimizer step, held until it closes); activations and gradients are
 # quantized right before the GEMM that reads them (dpre's 1x128 copy can come from the down
 # projection's fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs;
-# for the FP8 weight gradients (FP8_WEIGHT_GRADS, fp8_weight_grads_for) by blocks of each expert's rows, 128x1 for the
-# activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and dpre feed both
-# kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the fused backward wrote
-# its 1x128; the up projection keeps x's 128x1 copy for its weight gradient instead of the bf16 x,
-# half the bytes). The up projection writes pre from the plain FP8 GEMM, and one pass over pre
+# for the FP8 weight gradients (FP8_WEIGHT_GRADS, fp8_weight_grads_for) by blocks of each expert's
+# rows, 128x1 for the activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy
+# and dpre feed both kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the
+# fused backward wrote its 1x128; the up projection keeps x's 128x1 copy for its weight gradient
+# instead of the bf16 x, half the bytes). The up projection writes pre from the plain FP8 GEMM, and one pass over pre
 # writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down projection's input
 # gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel
 # (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias gradients are
@@ -196,7 +196,8 @@ class _Fp8DownProj(torch.autograd.Function):
     _Fp8UpProj's W_up."""
 
     @staticmethod
-    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train, weight_grads_fp8):
+    def forward(ctx, h_q, h_scale, w_down, offs, b_down, pre, prob, act, link, combine, train,
+                weight_grads_fp8):
         _, _, need_w, _, need_b, need_pre, need_prob = ctx.needs_input_grad[:7]
         down = forward_operand(w_down, backward_too=train and (need_pre or need_prob))
         y = grouped_mm_unchecked(h_q, h_scale, *down, offs, b_down, prob)
