@@ -11,16 +11,16 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # quantized right before the GEMM that reads them (dpre's 1x128 copy can come from the down
 # projection's fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs;
 # for the FP8 weight gradients (FP8_WEIGHT_GRADS, fp8_weight_grads_for) by blocks of each expert's
-# rows, 128x1 for the activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy
-# and dpre feed both kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the
-# fused backward wrote its 1x128; the up projection keeps x's 128x1 copy for its weight gradient
-# instead of the bf16 x, half the bytes). The up projection writes pre from the plain FP8 GEMM,
-# and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down projection's input
-# gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from one FP8 kernel
-# (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias gradients are
-# fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes dpre's 1x128 copy,
-# quantize_1x128_column_sums, where the weight gradient is bf16). On the CPU (or without the op
-# library) cute_moe.fp8 runs its references.
+# rows, 128x1 for the activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and
+# dpre feed both kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the fused
+# backward wrote its 1x128; the up projection keeps x's 128x1 copy for its weight gradient instead
+# of the bf16 x, half the bytes). The up projection writes pre from the plain FP8 GEMM, and one pass
+# over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down
+# projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from
+# one FP8 kernel (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias
+# gradients are fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes dpre's
+# 1x128 copy, quantize_1x128_column_sums, where the weight gradient is bf16). On the CPU (or without
+# the op library) cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
