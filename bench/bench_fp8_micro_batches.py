@@ -2,11 +2,12 @@
 # One optimizer step's forwards and backwards over k micro-batches (gradient accumulation) of the
 # MoE layer (cute_moe.nn.MoE at the named configs of `python -m cute_moe.bench`), with its experts
 #   bf16        precision "bf16"
-#   fp8         precision "fp8": each weight cast to e4m3 twice per micro-batch
+#   fp8         precision "fp8": each weight cast to e4m3 twice per micro-batch; the weight
+#               gradients in FP8 or bf16 as the library picks by shape (fp8_ffn.fp8_weight_grads_for)
 #   fp8 reuse   precision "fp8" inside cute_moe.fp8.reuse_weight_casts(), opened once per step:
 #               each weight cast once per step (both copies in one pass), held until the step ends
-#   with --fp8-weight-grads also "fp8w" and "fp8w reuse": the same with the weight gradients on
-#               the FP8 ragged-K GEMM (fp8_ffn.FP8_WEIGHT_GRADS)
+#   with --fp8-weight-grads also "fp8 bf16w" and "fp8w": precision "fp8" with the weight gradients
+#               forced onto the bf16 / the FP8 ragged-K GEMM (fp8_ffn.FP8_WEIGHT_GRADS False / True)
 # on the same layer object, parameter tensors and micro-batches (distinct random tokens each),
 # sides timed step by step in turn (cute_moe.bench.runner.alternating_ms). A step is what a
 # training loop runs between two optimizer steps: k x (forward, backward with the parameters'
@@ -44,10 +45,10 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int,
     held = {}
     setting = fp8_ffn.FP8_WEIGHT_GRADS  # restored at the end
 
-    def step(precision, reuse, k, record=None, fp8w=False):
+    def step(precision, reuse, k, record=None, fp8w=None):
         def run():
             layer.experts.precision = precision  # read by the experts' forward
-            fp8_ffn.FP8_WEIGHT_GRADS = fp8w  # read by each forward
+            fp8_ffn.FP8_WEIGHT_GRADS = fp8w  # read by each forward (None: by shape)
             for p in params:
                 p.grad = None
             with (cute_moe.fp8.reuse_weight_casts() if reuse else contextlib.nullcontext()) as c:
@@ -77,8 +78,8 @@ def bench_config(name: str, micro: list[int], reps: int, warmup: int, seed: int,
         sides = {"bf16": step("bf16", False, k), "fp8": step("fp8", False, k),
                  "fp8 reuse": step("fp8", True, k)}
         if fp8_weight_grads:
+            sides["fp8 bf16w"] = step("fp8", False, k, fp8w=False)
             sides["fp8w"] = step("fp8", False, k, fp8w=True)
-            sides["fp8w reuse"] = step("fp8", True, k, fp8w=True)
         ms = alternating_ms({s: call_step(f) for s, f in sides.items()}, reps, warmup)
         for side, f in sides.items():
             peak = peak_bytes(f, True)
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fp8-weight-grads", action="store_true",
-                    help="also the FP8 sides with their weight gradients in FP8")
+                    help="also the FP8 layer with its weight gradients forced to bf16 and to FP8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

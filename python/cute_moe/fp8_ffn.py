@@ -38,7 +38,6 @@ from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
 from .ops.glu import check_gate_linear, check_gated_width
 from .ops.permute import checked_combine, checked_gather
-from .permute import gather_rows
 from .reference.activation import act_ref
 
 __all__ = ["expert_ffn"]
@@ -55,21 +54,25 @@ FP8_WEIGHT_GRADS: bool | None = None
 # from passes that write them beside the 1x128 copies. The MoE layer per micro-batch against the
 # bf16 weight gradients (H200, session 41): GPT-OSS-20B (3072 rows an expert) 1.06x, the seed
 # example (6144) 1.03x; GPT-OSS-120B (768) 0.99-1.00x, Qwen3-30B-A3B (1024) 0.93x, their shallow
-# groups leaving the FP8 GEMM few k-blocks a tile (docs/perf-notes.md, session 41). Not with a
-# gather fused into x's quantizer (nn.MoE's FP8 default): the FP8 weight gradient needs x's rows
-# sorted in bf16 first, and its copies (x's 128x1, dpre's 128x128) put the layer's peak above the
-# bf16 layer's with the same gather (GPT-OSS-20B: 4.08 against 3.79 GiB, bench/memory_trace.py),
-# issue 14's memory bar; without one it stays below (4.08 against 4.32).
+# groups leaving the FP8 GEMM few k-blocks a tile (docs/perf-notes.md, session 41).
 FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT = 2048
 
 
-def fp8_weight_grads_for(rows: int, experts: int, gathered: bool) -> bool:
-    """Whether a block of `rows` routed rows over `experts` experts (`gathered`: its rows come
-    through a fused gather) runs its weight gradients in FP8: FP8_WEIGHT_GRADS where it is set,
-    else by the rows per expert, without a fused gather."""
+def fp8_weight_grads_for(rows: int, experts: int, hidden: int, inter: int, gathered: bool) -> bool:
+    """Whether a block of `rows` routed rows over `experts` experts (H = hidden, I = inter;
+    `gathered`: a gather fused into x's quantizer) runs its weight gradients in FP8:
+    FP8_WEIGHT_GRADS where it is set, else where the experts are deep enough and the layer's
+    peak memory stays below the bf16 layer's (issue 14's bar). The peak is at the down
+    projection's weight gradient, where the FP8 one holds x's and dy's copies by 128 rows (M H
+    bytes each) and p h's (M I) in place of the bf16 one's p h (2 M I) and dW_down (2 E I H);
+    without a fused gather the bf16 layer also holds the sorted x (2 M H), so it always fits
+    (bench/memory_trace.py: GPT-OSS-20B 3.64 against 3.79 GiB gathered, 4.03 against 4.32
+    not; the seed example gathered 0.90 against 0.78: bf16 there)."""
     if FP8_WEIGHT_GRADS is not None:
         return bool(FP8_WEIGHT_GRADS)
-    return not gathered and rows >= FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT * max(experts, 1)
+    if rows < FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT * max(experts, 1):
+        return False
+    return not gathered or 2 * rows * hidden <= rows * inter + 2 * experts * inter * hidden
 
 # dpre's 1x128 copy from the down projection's fused backward (True; gated activations) or from a
 # quantization pass of its own in the up projection's backward (False, the default: on an H100
@@ -126,11 +129,13 @@ class _Fp8UpProj(torch.autograd.Function):
     def forward(ctx, x, w_up, offs, b_up, act, link, rows, token_rows, train, weight_grads_fp8):
         up = forward_operand(w_up, backward_too=train and ctx.needs_input_grad[0])
         need_w = ctx.needs_input_grad[1]
-        fp8_w = need_w and weight_grads_fp8  # expert_ffn gathers first for it: no rows here
-        if rows is not None:
+        fp8_w = need_w and weight_grads_fp8
+        if rows is not None and not fp8_w:
             xq, x_scale, xq_t, x_scale_t = *quantize_1x128(x, rows), None, None
-        else:
-            xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False)
+        else:  # the FP8 weight gradient's 128x1 copy with the 1x128 one, from the sorted rows
+            xs = x if rows is None else _gather(x, rows)  # freed once quantized
+            xq, x_scale, xq_t, x_scale_t = _quantized(xs, offs, fp8_w, False)
+            del xs
         pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
         del xq, x_scale
         h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre
@@ -154,34 +159,32 @@ class _Fp8UpProj(torch.autograd.Function):
             return none
         dpre = dpre.contiguous()
         copy = ctx.link.take(dpre) if ctx.link is not None else None  # dpre's 1x128, if fused
+        # dx first, from dpre's 1x128 copy (with b_up's gradient from the same read), its copy and
+        # W_up's cast freed (and, gathered, the rows' dx summed per token) before the weight
+        # gradient's operands and dW are allocated: the FP8 weight gradient's 128x128 copy of
+        # dpre is made only then (the layer's peak stays below bf16's; docs/perf-notes.md, 41)
+        dx = db = None
+        if need_x:
+            if copy is None and need_b:  # dpre's 1x128 copy and b_up's gradient from one read
+                dq, d_scale, db = quantize_1x128_column_sums(dpre, offs)
+                db = db.to(ctx.bias_dtype)
+            else:
+                dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
+            dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
+            del dq, d_scale
+            if rows is not None:
+                dx = _token_grads(dx, rows, token_rows, ctx.num_tokens)
+        del copy
         if xq_t is None:  # the bf16 weight gradient (or none)
-            dx = db = None
-            if need_x:
-                if copy is None and need_b:  # dpre's 1x128 copy and b_up's gradient from one read
-                    dq, d_scale, db = quantize_1x128_column_sums(dpre, offs)
-                    db = db.to(ctx.bias_dtype)
-                else:
-                    dq, d_scale = copy if copy is not None else quantize_1x128(dpre)
-                dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
-                del dq, d_scale, copy
-                if rows is not None:
-                    dx = _token_grads(dx, rows, token_rows, ctx.num_tokens)
             if rows is not None and need_w:
                 x = _gather(x, rows)
             dw, db_w, _ = _param_grads(x, dpre, offs, w_up, need_w,
                                        ctx.bias_dtype if need_b and db is None else None)
             return dx, dw, None, db if db is not None else db_w, *none[4:]
-        dx = None
-        if need_x and copy is None:
-            dq, d_scale, dq_t, d_scale_t = _quantized(dpre, offs, True, True)
-        else:
-            dq, d_scale = copy if copy is not None else (None, None)
-            dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
-        if need_x:
-            dx = grouped_mm_unchecked(dq, d_scale, *backward_operand(w_up), offs)
-        del dq, d_scale, copy
+        dq_t, d_scale_t = quantize_128x1(dpre, offs, tile_scales=True)
         dw = grouped_mm_wgrad(xq_t, x_scale_t, dq_t, d_scale_t, offs)  # (E, H, 2I) bf16, w_up's layout
-        db = _column_sum(dpre, offs).to(ctx.bias_dtype) if need_b else None
+        if need_b and db is None:
+            db = _column_sum(dpre, offs).to(ctx.bias_dtype)
         return dx, dw, None, db, *none[4:]
 
 
@@ -221,37 +224,39 @@ class _Fp8DownProj(torch.autograd.Function):
         dout = dout.contiguous()
         dpre = hp = dprob = None
         fp8_w = need_w and ctx.fp8_weight_grads
-        dy_t = None  # dy's 128x1 copy, for the FP8 weight gradient
         fused = need_pre or need_prob
         # dy: dout, or its rows gathered after a combine (row_token). The bias side comes from
         # one pass over dy (as the bf16 DownProj): db where prob scales the rows (else the
         # weight-gradient op sums dy), and the bias term of prob's gradient (b_down is kept
         # only where prob needs a gradient). After a combine, when the fused kernel reads dy
-        # before the bf16 weight gradient does, dy's 1x128 copy gathers dout's rows itself and
-        # the bf16 dy is gathered after the kernel: W_down's cast and dy's copy are never live
-        # beside the bf16 dy, and the peak stays the bf16 block's (docs/perf-notes.md, session 27).
-        late = fused and row_token is not None and not fp8_w
+        # before the weight gradient does, dy's 1x128 copy gathers dout's rows itself and the
+        # bf16 dy is gathered after the kernel: W_down's cast and dy's copy are never live beside
+        # the bf16 dy, and the peak stays the bf16 block's (docs/perf-notes.md, session 27). The
+        # FP8 weight gradient's copies are made as late as their bf16 tensors allow and each bf16
+        # tensor freed once its copies exist: p h's 128x1 before dy is gathered, dy's 128x128
+        # after; without a combine dy's copies come from one pass before the kernel and dy is
+        # freed then (session 41).
+        late = fused and row_token is not None
+        dy_t = hp_t = None  # the FP8 weight gradient's copies of dy (128x128) and p h (128x1)
 
         def output_grads():
             return _output_grads(dout, offs, prob, b_down, need_b and prob is not None, row_token)
 
-        if not late:
-            dy, db, bias_dot = output_grads()
-        bias_dtype = ctx.bias_dtype if need_b and not late and db is None else None
-        db_w = None
-
-        def bias_grad_from(dy):  # b_down's gradient where output_grads did not give it
+        def bias_grad(dy):  # b_down's gradient where output_grads did not give it
+            bias_dtype = ctx.bias_dtype if need_b and db is None else None
             return _column_sum(dy, offs, prob).to(bias_dtype) if bias_dtype is not None else None
 
+        db_w = None
+        if not late:
+            dy, db, bias_dot = output_grads()
         if fused:
             if late:
                 dyq, dy_scale = quantize_1x128(dout, row_token)
             else:
-                dyq, dy_scale, *dy_t = _quantized(dy, offs, fp8_w, True)
-            if fp8_w:  # (never late) the weight gradient reads dy's copies: the bf16 dy's last
-                # use is b_down's gradient, taken now so that dy is freed before the kernel
-                # allocates dpre and p h, the layer's peak (bench/memory_trace.py)
-                db_w, dy = bias_grad_from(dy), None
+                dyq, dy_scale, *both = _quantized(dy, offs, fp8_w, True)
+                if fp8_w:  # dy's last use is b_down's gradient: taken now, dy freed before the
+                    # kernel allocates dpre and p h
+                    dy_t, db_w, dy = tuple(both), bias_grad(dy), None
             # dpre's 1x128 for the up projection's dx, from this kernel's epilogue
             fused_copy = ctx.link is not None and ctx.link.wanted and need_pre and is_gated(act.name)
             dpre, hp, dprob, *copy = grouped_mm_act_bwd_unchecked(
@@ -261,19 +266,19 @@ class _Fp8DownProj(torch.autograd.Function):
                 ctx.link.put(dpre, *copy)
             del dyq, dy_scale, copy
             if late:
+                if fp8_w:
+                    hp_t, hp = quantize_128x1(hp, offs), None
                 dy, db, bias_dot = output_grads()
             if bias_dot is not None:
                 dprob = dprob + bias_dot
         elif need_w:
             h = act_ref(pre, act.name, act.alpha, act.limit)
             hp = (h * prob[:, None] if prob is not None else h).to(pre.dtype)
-            if fp8_w:
-                dy_t = quantize_128x1(dy, offs, tile_scales=True)
         if fp8_w:
-            if dy is not None:  # the unfused path's
-                db_w, dy = bias_grad_from(dy), None
-            hp_t = quantize_128x1(hp, offs)
-            hp = None  # freed before dW is allocated
+            if dy is not None:
+                dy_t, db_w, dy = quantize_128x1(dy, offs, tile_scales=True), bias_grad(dy), None
+            if hp_t is None:
+                hp_t, hp = quantize_128x1(hp, offs), None
             dw = grouped_mm_wgrad(*hp_t, *dy_t, offs)  # (E, I, H), w_down's
         else:
             bias_dtype = ctx.bias_dtype if need_b and db is None else None
@@ -368,17 +373,10 @@ def expert_ffn(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, offs: 
     num_experts, hidden = w_up.shape[0], x.shape[1]
     inter = w_up.shape[2] // 2 if gated else w_up.shape[2]
     rows = token_rows = None
-    weight_grads_fp8 = None  # decided once the routed rows are known
     if gather is not None:
         rows, token_rows = checked_gather(_OP, gather, x)
-        weight_grads_fp8 = fp8_weight_grads_for(rows.shape[0], num_experts, gathered=True)
-        if weight_grads_fp8 and torch.is_grad_enabled() and w_up.requires_grad:
-            # the FP8 weight gradient reads x's 128x1 copy of the sorted rows: gather first
-            x = gather_rows(x, rows, token_rows)
-            rows = token_rows = None
     m = x.shape[0] if rows is None else rows.shape[0]
-    if weight_grads_fp8 is None:
-        weight_grads_fp8 = fp8_weight_grads_for(m, num_experts, gathered=False)
+    weight_grads_fp8 = fp8_weight_grads_for(m, num_experts, hidden, inter, gathered=rows is not None)
     if w_down.dim() != 3 or tuple(w_down.shape) != (num_experts, inter, hidden):
         raise ValueError(f"cute_moe.{_OP}: w_down: expected shape {(num_experts, inter, hidden)} "
                          f"(E, I, H), got shape {tuple(w_down.shape)}")

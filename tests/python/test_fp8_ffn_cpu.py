@@ -261,17 +261,20 @@ def test_prob_dtype_and_default_limit():
 
 def test_fp8_weight_grads_rule(monkeypatch):
     """fp8_ffn.fp8_weight_grads_for: FP8_WEIGHT_GRADS where set; unset, FP8 from
-    FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows an expert on average, never through a
-    fused gather (the GPU test checks the block follows it)."""
+    FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows an expert on average, and with a fused
+    gather only where the copies fit in the bf16 layer's peak (the GPU test checks the block
+    follows it; test_fp8_memory_cpu.py the peaks)."""
     from cute_moe import fp8_ffn
+    rule = fp8_ffn.fp8_weight_grads_for
     least = fp8_ffn.FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT
     monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", None)
-    assert fp8_ffn.fp8_weight_grads_for(32 * least, 32, gathered=False)
-    assert not fp8_ffn.fp8_weight_grads_for(32 * least - 1, 32, gathered=False)
-    assert not fp8_ffn.fp8_weight_grads_for(32 * least, 32, gathered=True)
-    assert not fp8_ffn.fp8_weight_grads_for(1024 * 128, 128, gathered=False)  # Qwen3-30B-A3B
-    assert fp8_ffn.fp8_weight_grads_for(3072 * 32, 32, gathered=False)        # GPT-OSS-20B
+    assert rule(32 * least, 32, 2880, 2880, gathered=False)
+    assert not rule(32 * least - 1, 32, 2880, 2880, gathered=False)
+    assert rule(3072 * 32, 32, 2880, 2880, gathered=True)            # GPT-OSS-20B
+    assert not rule(1024 * 128, 128, 2048, 768, gathered=False)      # Qwen3-30B-A3B
+    assert rule(6144 * 8, 8, 2048, 1024, gathered=False)             # the seed example
+    assert not rule(6144 * 8, 8, 2048, 1024, gathered=True)          # gathered: would not fit
     for setting in (True, False):
         monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", setting)
         for rows, gathered in [(1, False), (10 ** 6, False), (10 ** 6, True)]:
-            assert fp8_ffn.fp8_weight_grads_for(rows, 4, gathered=gathered) is setting
+            assert rule(rows, 4, 128, 128, gathered=gathered) is setting

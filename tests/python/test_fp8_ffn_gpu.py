@@ -174,35 +174,39 @@ def test_torch_compile_fullgraph_with_combine(gather):
         assert torch.equal(got, ref), name
 
 
-def test_weight_gradients_in_fp8_by_rows_per_expert(monkeypatch):
+def test_weight_gradients_in_fp8_by_shape(monkeypatch):
     """FP8_WEIGHT_GRADS None (the default): the FP8 weight gradients where the experts average
-    at least FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows and no gather is fused, the bf16
-    ones otherwise: each default run has the bits of the setting forced that way, and the two
-    settings' weight gradients differ (so the comparison tells them apart)."""
+    at least FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT routed rows and, with a fused gather, their
+    copies fit in the bf16 layer's peak (fp8_ffn.fp8_weight_grads_for), the bf16 ones otherwise:
+    each default run has the bits of the setting forced that way, and the two settings' weight
+    gradients differ (so the comparison tells them apart)."""
     monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", None)
     monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT", 256)  # small blocks
-    for counts, gathered, want_fp8 in [([300, 260], False, True),        # 280 rows an expert
-                                       ([100, 200, 150], False, False),  # 150
-                                       ([300, 260], True, False)]:       # deep, but gathered
-        leaves, offs = make_leaves(counts, 128, 128, "swiglu_oai", bias=True, prob=True,
-                                   device="cuda", seed=len(counts))
+    # (counts, H, I, gathered, FP8 expected)
+    for counts, hidden, inter, gathered, want_fp8 in [
+            ([300, 260], 128, 128, False, True),        # 280 rows an expert
+            ([100, 200, 150], 128, 128, False, False),  # 150
+            ([300, 260], 128, 256, True, True),         # gathered, the copies fit
+            ([300, 260], 256, 128, True, False)]:       # gathered, they would not
+        leaves, offs = make_leaves(counts, hidden, inter, "swiglu_oai", bias=True, prob=True,
+                                   device="cuda", seed=len(counts) + hidden)
         m = leaves["x"].shape[0]
-        dy = torch.randn(m, 128, device="cuda").to(BF16)
+        dy = torch.randn(m, hidden, device="cuda").to(BF16)
         kw = {}
         if gathered:  # tokens in another order, gathered back into expert order by the block
             perm = torch.randperm(m, device="cuda")
             tokens = leaves["x"].detach()[perm.argsort()].requires_grad_()
             leaves = dict(leaves, x=tokens)
             kw = dict(gather=(perm.to(torch.int32), None))
-        names = [k for k in leaves if k != "x"]
+        assert fp8_ffn.fp8_weight_grads_for(m, len(counts), hidden, inter, gathered) == want_fp8
 
-        def weight_grads(setting):
+        def grads(setting):
             monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", setting)
             out = run_fp8(leaves, offs, "swiglu_oai", **kw)
-            return dict(zip(names, torch.autograd.grad(out, [leaves[k] for k in names], dy)))
+            return dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), dy)))
 
-        forced = {s: weight_grads(s) for s in (False, True)}
-        default = weight_grads(None)
+        forced = {s: grads(s) for s in (False, True)}
+        default = grads(None)
         assert not torch.equal(forced[True]["w_up"], forced[False]["w_up"])
-        for k in names:
-            assert torch.equal(default[k], forced[want_fp8][k]), (counts, gathered, k)
+        for k in leaves:
+            assert torch.equal(default[k], forced[want_fp8][k]), (counts, hidden, inter, gathered, k)
