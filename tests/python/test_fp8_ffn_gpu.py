@@ -210,3 +210,31 @@ def test_weight_gradients_in_fp8_by_shape(monkeypatch):
         assert not torch.equal(forced[True]["w_up"], forced[False]["w_up"])
         for k in leaves:
             assert torch.equal(default[k], forced[want_fp8][k]), (counts, hidden, inter, gathered, k)
+
+
+@pytest.mark.parametrize("wgrad", ["bf16", "fp8"])
+def test_gather_and_combine_give_the_sorted_blocks_bits(wgrad, monkeypatch):
+    """The block with the layer's gather and combine (x the tokens, dy gathered from the
+    tokens' gradient after the fused kernel, the FP8 weight gradient's copies made late) has
+    the parameter gradients of the block on the sorted rows, bit for bit, and its output is
+    the tokens' sums of that block's rows."""
+    monkeypatch.setattr(fp8_ffn, "FP8_WEIGHT_GRADS", wgrad == "fp8")
+    leaves, offs, activation, _ = _leaves("gpt_oss_like", 3.0, seed=12)
+    m, hidden, k = leaves["x"].shape[0], leaves["x"].shape[1], 4
+    g = torch.Generator().manual_seed(13)
+    token_rows = torch.randperm(m, generator=g).view(m // k, k).to(torch.int32)
+    row_token = torch.empty(m, dtype=torch.int32)
+    row_token[token_rows.reshape(-1).long()] = torch.arange(m // k, dtype=torch.int32).repeat_interleave(k)
+    combine = (row_token.cuda(), token_rows.cuda())
+    tokens = torch.randn(m // k, hidden, generator=g).to("cuda", BF16).requires_grad_()
+    dout = torch.randn(m // k, hidden, generator=g).to("cuda", BF16)
+    names = [n for n in leaves if n != "x"]
+    out = run_fp8(dict(leaves, x=tokens), offs, activation, combine=combine, gather=combine)
+    got = torch.autograd.grad(out, [leaves[n] for n in names], dout)
+    rows = tokens.detach()[combine[0].long()].requires_grad_()
+    sorted_out = run_fp8(dict(leaves, x=rows), offs, activation)
+    want = torch.autograd.grad(sorted_out, [leaves[n] for n in names], dout[combine[0].long()])
+    for name, a, b in zip(names, got, want):
+        assert torch.equal(a, b), name
+    sums = sorted_out.detach().float()[combine[1].long()].sum(1)
+    assert testing.rel_error(out.float(), sums) < 1e-2
