@@ -62,17 +62,19 @@ def fp8_weight_grads_for(rows: int, experts: int, hidden: int, inter: int, gathe
     """Whether a block of `rows` routed rows over `experts` experts (H = hidden, I = inter;
     `gathered`: a gather fused into x's quantizer) runs its weight gradients in FP8:
     FP8_WEIGHT_GRADS where it is set, else where the experts are deep enough and the layer's
-    peak memory stays below the bf16 layer's (issue 14's bar). The peak is at the down
-    projection's weight gradient, where the FP8 one holds x's and dy's copies by 128 rows (M H
-    bytes each) and p h's (M I) in place of the bf16 one's p h (2 M I) and dW_down (2 E I H);
-    without a fused gather the bf16 layer also holds the sorted x (2 M H), so it always fits
-    (bench/memory_trace.py: GPT-OSS-20B 3.64 against 3.79 GiB gathered, 4.03 against 4.32
-    not; the seed example gathered 0.90 against 0.78: bf16 there)."""
+    peak memory stays below the bf16 layer's (issue 14's bar). With a fused gather the peak is
+    at the down projection's weight gradient, where the FP8 one holds x's and dy's copies by 128
+    rows (M H bytes each) in place of the bf16 one's p h (2 M I, p h's own copy being M I) and
+    dW_down (2 E I H): FP8 where the copies take at most 3/4 of those bytes, the rest of the
+    layer's tensors being no exact model (GPT-OSS-20B: 0.70, bench/memory_trace.py 3.64
+    against 3.79 GiB; the seed example 2.4, 0.90 against 0.78 forced; a GPU test's layer with
+    H = I and 2048 rows an expert, 1.0, above bf16's peak forced). Without one the bf16 layer
+    also holds the sorted x (2 M H): they fit (GPT-OSS-20B 4.03 against 4.32 GiB)."""
     if FP8_WEIGHT_GRADS is not None:
         return bool(FP8_WEIGHT_GRADS)
     if rows < FP8_WEIGHT_GRADS_MIN_ROWS_PER_EXPERT * max(experts, 1):
         return False
-    return not gathered or 2 * rows * hidden <= rows * inter + 2 * experts * inter * hidden
+    return not gathered or 4 * (2 * rows * hidden) <= 3 * (rows * inter + 2 * experts * inter * hidden)
 
 # dpre's 1x128 copy from the down projection's fused backward (True; gated activations) or from a
 # quantization pass of its own in the up projection's backward (False, the default: on an H100
