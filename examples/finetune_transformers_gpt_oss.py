@@ -72,9 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "parameters; HF Trainer's default since torch 2.8) or foreach")
     p.add_argument("--fp8-weight-grads", action="store_true",
                    help="cute_moe_fp8 with its weight gradients in FP8 too (all six GEMMs; "
-                        "cute_moe.fp8_ffn.FP8_WEIGHT_GRADS; by default they are bf16 here: the "
-                        "integration gathers the routed rows in x's quantizer, where FP8 ones "
-                        "would raise the peak memory above bf16's)")
+                        "cute_moe.fp8_ffn.FP8_WEIGHT_GRADS; by default chosen by shape, "
+                        "cute_moe.fp8_ffn.fp8_weight_grads_for: bf16 at this example's sizes)")
     p.add_argument("--tiny", action="store_true",
                    help="defaults for a few steps of a tiny model (a CPU smoke run)")
     if p.parse_known_args(argv)[0].tiny:
