@@ -11,16 +11,17 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # quantized right before the GEMM that reads them (dpre's 1x128 copy can come from the down
 # projection's fused backward instead: FUSED_DPRE_COPY, _DpreCopy): 1x128 for the ragged-M GEMMs;
 # for the FP8 weight gradients (FP8_WEIGHT_GRADS, fp8_weight_grads_for) by blocks of each expert's
-# rows, 128x1 for the activation operand (x, p h) and 128x128 for the gradient (dy, dpre) (x, dy and
-# dpre feed both kinds of GEMM: one pass writes both copies, dpre's 128x128 alone where the fused
-# backward wrote its 1x128; the up projection keeps x's 128x1 copy for its weight gradient instead
-# of the bf16 x, half the bytes). The up projection writes pre from the plain FP8 GEMM, and one pass
-# over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16); the down
-# projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and dprob from
-# one FP8 kernel (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node); the bias
-# gradients are fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes dpre's
-# 1x128 copy, quantize_1x128_column_sums, where the weight gradient is bf16). On the CPU (or without
-# the op library) cute_moe.fp8 runs its references.
+# rows, 128x1 for the activation operand (x, p h) and 128x128 for the gradient (dy, dpre), each made
+# as late as its bf16 tensor allows and that tensor freed once its copies exist (x's and, without a
+# combine, dy's copies from one pass writing both; dpre's 128x128 after dx; after a combine p h's
+# before dy is gathered and dy's after); the up projection keeps x's 128x1 copy for its weight
+# gradient instead of the bf16 x, half the bytes. The up projection writes pre from the plain FP8
+# GEMM, and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16);
+# the down projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and
+# dprob from one FP8 kernel (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node);
+# the bias gradients are fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes
+# dpre's 1x128 copy, quantize_1x128_column_sums). On the CPU (or without the op library)
+# cute_moe.fp8 runs its references.
 from __future__ import annotations
 
 import torch
@@ -114,10 +115,12 @@ class _DpreCopy:
 
 
 class _Fp8UpProj(torch.autograd.Function):
-    """(x, W_up, offs, b_up, act, link, rows, token_rows, train) -> (h_q, h_scale, pre):
-    pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy gathers the rows, the
-    sorted bf16 copy is never made; the backward sums each token's rows of dx and gathers x again
-    for the bf16 weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
+    """(x, W_up, offs, b_up, act, link, rows, token_rows, train, weight_grads_fp8) ->
+    (h_q, h_scale, pre): pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy
+    gathers the rows, the sorted bf16 copy is never made, but for an FP8 weight gradient, whose
+    128x1 copy is written from the sorted rows by the same pass, which then frees them; the
+    backward sums each token's rows of dx and gathers x again for the bf16 weight gradient)
+    from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
     projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
     of the fused up projection's h, which cost more in its cooperative kernel's epilogue than the
     pass; docs/perf-notes.md, session 26). h is never stored in bf16. h_q and h_scale only feed
@@ -191,7 +194,7 @@ class _Fp8UpProj(torch.autograd.Function):
 
 
 class _Fp8DownProj(torch.autograd.Function):
-    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine, train) ->
+    """(h_q, h_scale, W_down, offs, b_down, pre, prob, act, link, combine, train, weight_grads_fp8) ->
     y = prob * (h W_down + b_down), FP8 (h by its 1x128 copy), with a combine (row_token,
     token_rows) summed per token (out[t] = sum_j y[token_rows[t, j]]). Keeps pre, not h: the
     backward's one FP8 kernel gives (dpre, prob * h, dprob) (dh = prob * Q(dy) W_down^T, dpre =
