@@ -44,6 +44,7 @@ def passes(key: str, seed: int) -> dict:
 
     return {
         "x 1x128+128x1": (lambda: fp8.quantize_1x128_128x1(x, offs), both(m, h, False)),
+        # dy has x's shape (M, H): x's data stands in for it
         "dy 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(x, offs, True), both(m, h, True)),
         "dpre 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(dpre, offs, True), both(m, 2 * i, True)),
         "ph 128x1": (lambda: fp8.quantize_128x1(ph, offs), 2 * m * i + i * 128 * blocks + 4 * blocks * i),

@@ -47,6 +47,15 @@ def _leaves(case, w_std, seed=0):
     return leaves, offs, activation, dy.to("cuda", BF16)
 
 
+def _combine_pair(m, k, g):
+    """A layer's (row_token, token_rows) on the GPU: m routed rows, k of them per token, in a
+    random order from the generator g."""
+    token_rows = torch.randperm(m, generator=g).view(m // k, k).to(torch.int32)
+    row_token = torch.empty(m, dtype=torch.int32)
+    row_token[token_rows.reshape(-1).long()] = torch.arange(m // k, dtype=torch.int32).repeat_interleave(k)
+    return row_token.cuda(), token_rows.cuda()
+
+
 @pytest.mark.parametrize("wgrad", ["bf16", "fp8"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_quantized_reference(case, wgrad):
@@ -150,10 +159,7 @@ def test_torch_compile_fullgraph_with_combine(gather):
     leaves, offs, activation, _ = _leaves("gpt_oss_like", 3.0, seed=8)
     m, hidden, k = leaves["x"].shape[0], leaves["x"].shape[1], 4
     g = torch.Generator().manual_seed(9)
-    token_rows = torch.randperm(m, generator=g).view(m // k, k).to(torch.int32)
-    row_token = torch.empty(m, dtype=torch.int32)
-    row_token[token_rows.reshape(-1).long()] = torch.arange(m // k, dtype=torch.int32).repeat_interleave(k)
-    combine = (row_token.cuda(), token_rows.cuda())
+    combine = _combine_pair(m, k, g)
     dout = torch.randn(m // k, hidden, generator=g).to("cuda", BF16)
     names = list(leaves)
 
@@ -222,10 +228,7 @@ def test_gather_and_combine_give_the_sorted_blocks_bits(wgrad, monkeypatch):
     leaves, offs, activation, _ = _leaves("gpt_oss_like", 3.0, seed=12)
     m, hidden, k = leaves["x"].shape[0], leaves["x"].shape[1], 4
     g = torch.Generator().manual_seed(13)
-    token_rows = torch.randperm(m, generator=g).view(m // k, k).to(torch.int32)
-    row_token = torch.empty(m, dtype=torch.int32)
-    row_token[token_rows.reshape(-1).long()] = torch.arange(m // k, dtype=torch.int32).repeat_interleave(k)
-    combine = (row_token.cuda(), token_rows.cuda())
+    combine = _combine_pair(m, k, g)
     tokens = torch.randn(m // k, hidden, generator=g).to("cuda", BF16).requires_grad_()
     dout = torch.randn(m // k, hidden, generator=g).to("cuda", BF16)
     names = [n for n in leaves if n != "x"]
