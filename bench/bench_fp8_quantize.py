@@ -5,6 +5,8 @@
 # over its time: how close each pass runs to the copy bandwidth (H200 4.2 TB/s, H100 3.0).
 # The passes, as the FP8 block with FP8 weight gradients runs them (python/cute_moe/fp8_ffn.py):
 #   x 1x128+128x1      quantize_1x128_128x1(x, offs): the up projection's operand both ways
+#   x[rows] 1x128+128x1  the same gathering the rows (index=rows; nn.MoE's fused gather), and
+#   gather, x ...      the gather as a kernel of its own first (the bytes counted are the pass's)
 #   dy 1x128+128x128   quantize_1x128_128x1(dy, offs, tile_scales=True)
 #   dpre 1x128+128x128 the same over dpre (2I wide)
 #   ph 128x1           quantize_128x1(p h, offs): the down weight gradient's activation operand
@@ -37,6 +39,10 @@ def passes(key: str, seed: int) -> dict:
 
     x, dpre, ph, w_up = randn(m, h), randn(m, 2 * i), randn(m, i), randn(e, h, 2 * i)
     blocks = -(-m // 128) + e
+    # the dispatch's gather: each of the tokens' rows topk times, in a random order
+    tokens = randn(s["tokens"], h)
+    rows = (torch.randperm(m, generator=g, device="cuda") // s["topk"]).to(torch.int32)
+    from cute_moe.ffn_autograd import _gather
 
     def both(rows, cols, tile_scales):  # bf16 in; 1x128 and 128x1 (or 128x128) copies out
         t_scales = blocks * (-(-cols // 128) if tile_scales else cols)
@@ -44,6 +50,10 @@ def passes(key: str, seed: int) -> dict:
 
     return {
         "x 1x128+128x1": (lambda: fp8.quantize_1x128_128x1(x, offs), both(m, h, False)),
+        # under a fused gather (nn.MoE): x[rows] read by the pass itself, or gathered first
+        "x[rows] 1x128+128x1": (lambda: fp8.quantize_1x128_128x1(tokens, offs, False, rows), both(m, h, False)),
+        "gather, x 1x128+128x1": (lambda: fp8.quantize_1x128_128x1(_gather(tokens, rows), offs),
+                                  both(m, h, False)),
         # dy has x's shape (M, H): x's data stands in for it
         "dy 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(x, offs, True), both(m, h, True)),
         "dpre 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(dpre, offs, True), both(m, 2 * i, True)),

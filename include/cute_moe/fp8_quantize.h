@@ -93,7 +93,8 @@ struct QuantizeFp8TilesArgs {
 // rows (at or past offs[E-1]) are not read into them.
 // Optionally (q non-null) the same pass also writes quantize_fp8_1x128's outputs for every row,
 // padding rows included: one read of x for both copies (the input gradient's and the weight
-// gradient's of one operand).
+// gradient's of one operand). With an index, row r of x is src's row index[r] (both copies;
+// the gather of the dispatch fused in, as quantize_fp8_1x128's).
 struct QuantizeFp8GroupColumnsArgs {
   int64_t rows = 0;                 // m
   int64_t cols = 0;                 // n, a multiple of 16
@@ -110,6 +111,10 @@ struct QuantizeFp8GroupColumnsArgs {
   void* q = nullptr;                // optional: e4m3 (rows, cols), row stride ld_q (a multiple of 16)
   int64_t ld_q = 0;
   float* q_scale = nullptr;         // with q: (rows, ceil(cols / 128)), contiguous
+  // Optional gather: device (rows,) int32, each value in [0, src_rows), checked on the device
+  // (a bad one prints its position and traps) where its row is read.
+  const int32_t* index = nullptr;
+  int64_t src_rows = 0;             // src's rows, with index
 };
 
 // quantize_fp8_1x128 of rows sorted by group (rows.index must be null) with, from the same read

@@ -15,7 +15,8 @@ from .ops.checks import check_offs_values
 from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
                       check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
-                      check_quantize_128x1_args, check_quantize_1x128_args,
+                      check_quantize_128x1_args, check_quantize_1x128_128x1_args,
+                      check_quantize_1x128_args,
                       check_quantize_1x128_column_sums_args, reference_1x128,
                       reference_128x1, reference_1x128_128x1, reference_1x128_column_sums,
                       reference_128x128,
@@ -87,16 +88,18 @@ def quantize_128x1(x: torch.Tensor, offs: torch.Tensor,
     return reference_128x1(x, offs, tile_scales)
 
 
-def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor, tile_scales: bool = False):
+def quantize_1x128_128x1(x: torch.Tensor, offs: torch.Tensor, tile_scales: bool = False,
+                         index: torch.Tensor | None = None):
     """quantize_1x128(x) and quantize_128x1(x, offs, tile_scales) from one read of x: (q, scale,
     q_t, scale_t), the same bits as the two calls. For an operand that feeds both an
     input-gradient GEMM (by 1 x 128 blocks) and a weight gradient (by 128 x 1 or 128 x 128
-    blocks of each group's rows)."""
-    check_quantize_1x128_args(x)
-    check_quantize_128x1_args(x, offs)
+    blocks of each group's rows). With index ((M,) int32, values in [0, rows)), the copies of
+    x[index] (M rows sorted by group: the dispatch's gather) from one pass that gathers the rows
+    itself, without x[index] in bf16."""
+    check_quantize_1x128_128x1_args(x, offs, index)
     if _op(x):
-        return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales)
-    return reference_1x128_128x1(x, offs, tile_scales)
+        return torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales, index)
+    return reference_1x128_128x1(x, offs, tile_scales, index)
 
 
 def quantize_1x128_column_sums(x: torch.Tensor, offs: torch.Tensor):

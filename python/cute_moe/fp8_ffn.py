@@ -84,13 +84,14 @@ def fp8_weight_grads_for(rows: int, experts: int, hidden: int, inter: int, gathe
 FUSED_DPRE_COPY = False
 
 
-def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool):
+def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool, rows=None):
     """a's 1x128 copy (q, scale), and with `both` its weight-gradient copy from the same pass
     (q_t, scale_t: by 128 x 1 blocks of each expert's rows, or 128 x 128 with tile_scales, the
-    gradient operand's; None, None without)."""
+    gradient operand's; None, None without); of a[rows] where rows is given, gathered by the
+    pass itself."""
     if both:
-        return quantize_1x128_128x1(a, offs, tile_scales)
-    return (*quantize_1x128(a), None, None)
+        return quantize_1x128_128x1(a, offs, tile_scales, rows)
+    return (*quantize_1x128(a, rows), None, None)
 
 
 class _DpreCopy:
@@ -116,10 +117,10 @@ class _DpreCopy:
 
 class _Fp8UpProj(torch.autograd.Function):
     """(x, W_up, offs, b_up, act, link, rows, token_rows, train, weight_grads_fp8) ->
-    (h_q, h_scale, pre): pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy
-    gathers the rows, the sorted bf16 copy is never made, but for an FP8 weight gradient, whose
-    128x1 copy is written from the sorted rows by the same pass, which then frees them; the
-    backward sums each token's rows of dx and gathers x again for the bf16 weight gradient)
+    (h_q, h_scale, pre): pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy,
+    and for an FP8 weight gradient its 128x1 copy, come from one pass that gathers the rows, the
+    sorted bf16 copy is never made; the backward sums each token's rows of dx and gathers x again
+    for the bf16 weight gradient)
     from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
     projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
     of the fused up projection's h, which cost more in its cooperative kernel's epilogue than the
@@ -135,12 +136,9 @@ class _Fp8UpProj(torch.autograd.Function):
         up = forward_operand(w_up, backward_too=train and ctx.needs_input_grad[0])
         need_w = ctx.needs_input_grad[1]
         fp8_w = need_w and weight_grads_fp8
-        if rows is not None and not fp8_w:
-            xq, x_scale, xq_t, x_scale_t = *quantize_1x128(x, rows), None, None
-        else:  # the FP8 weight gradient's 128x1 copy with the 1x128 one, from the sorted rows
-            xs = x if rows is None else _gather(x, rows)  # freed once quantized
-            xq, x_scale, xq_t, x_scale_t = _quantized(xs, offs, fp8_w, False)
-            del xs
+        # x's 1x128 copy, and for the FP8 weight gradient its 128x1 copy, from one pass over the
+        # rows (gathering them where rows is given: the sorted bf16 x is never made)
+        xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False, rows)
         pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
         del xq, x_scale
         h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre

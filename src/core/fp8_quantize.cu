@@ -336,6 +336,9 @@ __device__ __forceinline__ float bf16_column(const uint4& v, int j) {
 // Session 41: the kernel this replaces (each lane holding rows 16 apart, every lane dividing
 // every row's scale, a byte-by-byte transpose through shared memory) issued ~2000
 // instructions per thread and ran at 2.4 TB/s on an H200, issue-bound at ncu's clock.
+// kGather: the rows through a.index (a kernel of its own: the index's reads and checks cost the
+// in-place rows 3-4% as a runtime branch, session 42).
+template <bool kGather>
 __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel(QuantizeFp8GroupColumnsArgs a) {
   constexpr unsigned kAll = 0xffffffffu;
   __shared__ uint32_t col_max[kTileThreads / 32][kBlock / 2];  // per warp, bf16 pairs of column amaxes
@@ -348,12 +351,24 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
   const int cc = t % 16, rg = t / 16;
   const int64_t col = cb * kBlock + 8 * cc;
   const bool col_inside = col < a.cols;
-  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src) + blk.first_row * a.ld_src + col;
+  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.src) + col;
+  // the thread's 8 rows in src: in place, or through the index, all 8 read (and checked) before
+  // the rows' loads (every lane its own: 7% faster than lanes 0-7 of a half warp reading them
+  // for the others' shuffles, session 42)
+  int64_t src_row[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    src_row[i] = blk.first_row + 8 * rg + i;
+    if (kGather && 8 * rg + i < blk.rows) {
+      src_row[i] = detail::checked_row(a.index, src_row[i], 1, a.src_rows,
+                                        a.q != nullptr ? "quantize_fp8_1x128_128x1" : "quantize_fp8_128x1");
+    }
+  }
   uint4 raw[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     raw[i] = make_uint4(0, 0, 0, 0);
-    if (8 * rg + i < blk.rows && col_inside) raw[i] = *reinterpret_cast<const uint4*>(src + (8 * rg + i) * a.ld_src);
+    if (8 * rg + i < blk.rows && col_inside) raw[i] = *reinterpret_cast<const uint4*>(src + src_row[i] * a.ld_src);
   }
   if (a.q != nullptr) {  // the 1x128 copy, the bits quantize_rows_kernel writes
     const int rows = max(0, min(8, blk.rows - 8 * rg));
@@ -540,7 +555,12 @@ Result quantize_fp8_128x1(const QuantizeFp8GroupColumnsArgs& a, cudaStream_t str
     return Result::error(Status::kInvalidArgument, "quantize_fp8_128x1: at most 65535 row blocks (ceil(rows / 128) + "
                                                    "num_groups), got " + std::to_string(blocks));
   }
-  quantize_group_columns_kernel<<<dim3(unsigned(nb), unsigned(blocks)), kTileThreads, 0, stream>>>(a);
+  const dim3 grid{unsigned(nb), unsigned(blocks)};
+  if (a.index != nullptr) {
+    quantize_group_columns_kernel<true><<<grid, kTileThreads, 0, stream>>>(a);
+  } else {
+    quantize_group_columns_kernel<false><<<grid, kTileThreads, 0, stream>>>(a);
+  }
   return detail::launched("quantize_fp8_128x1 launch");
 }
 

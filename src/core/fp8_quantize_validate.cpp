@@ -78,6 +78,11 @@ Result validate(const QuantizeFp8GroupColumnsArgs& a) {
     c.aligned("q", a.q, 16).stride("ld_q", a.ld_q, a.cols);
     c.aligned("q_scale", a.q_scale, sizeof(float));
   }
+  if (a.index != nullptr && a.rows > 0) {
+    c.aligned("index", a.index, sizeof(int32_t));
+    c.require(a.src_rows >= 1, "src_rows must be >= 1 with an index (the rows index selects from), got src_rows=",
+              a.src_rows);
+  }
   return c.result();
 }
 

@@ -143,12 +143,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
 // (m, n) bf16 rows sorted by group -> (q_t e4m3 (n, 128 * blocks), scale fp32 (blocks, n), or
 // (blocks, ceil(n / 128)) with tile_scales), blocks = ceil(m / 128) + E: the transposed,
 // group-blocked copy for a weight gradient; with `rows` also quantize_fp8_1x128's (q, scale) from
-// the same read, returned first.
+// the same read, returned first. With an index (M,) int32 the sorted rows are x[index] (m = M),
+// gathered by the same read.
 std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows,
-                                               bool tile_scales) {
+                                               bool tile_scales, const std::optional<at::Tensor>& index = {}) {
   check_grouped_rows(x, offs);
+  if (index) {
+    check_cuda_tensor(*index, "index", at::kInt, 1, x);
+    TORCH_CHECK(index->stride(0) == 1 || index->size(0) <= 1, "cute_moe: index must be contiguous, got stride ",
+                index->strides());
+  }
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t m = x.size(0), n = x.size(1);
+  const int64_t m = index ? index->size(0) : x.size(0), n = x.size(1);
   const int64_t row_blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
   at::Tensor q_t = at::empty({n, 128 * row_blocks}, x.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor scale = at::empty({row_blocks, tile_scales ? blocks(n) : n}, x.options().dtype(at::kFloat));
@@ -163,6 +169,10 @@ std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Te
   a.q_t = q_t.data_ptr();
   a.ld_q_t = 128 * row_blocks;
   a.scale = scale.data_ptr<float>();
+  if (index) {
+    a.index = index->data_ptr<int32_t>();
+    a.src_rows = x.size(0);
+  }
   if (!rows) {
     throw_if_error(quantize_fp8_128x1(a, at::cuda::getCurrentCUDAStream()));
     return {q_t, scale};
@@ -182,11 +192,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_128x1_cuda(const at::Tensor& x, 
   return {out[0], out[1]};
 }
 
-// quantize_fp8_1x128 and quantize_fp8_128x1 of x from one read: (q, scale, q_t, scale_t).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_128x1_cuda(const at::Tensor& x,
-                                                                                        const at::Tensor& offs,
-                                                                                        bool tile_scales) {
-  auto out = quantize_group_columns(x, offs, true, tile_scales);
+// quantize_fp8_1x128 and quantize_fp8_128x1 of x (or of x[index]) from one read: (q, scale, q_t,
+// scale_t).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_1x128_128x1_cuda(
+    const at::Tensor& x, const at::Tensor& offs, bool tile_scales, const std::optional<at::Tensor>& index) {
+  auto out = quantize_group_columns(x, offs, true, tile_scales, index);
   return {out[0], out[1], out[2], out[3]};
 }
 
@@ -399,7 +409,8 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def("quantize_fp8_1x128_column_sums(Tensor x, Tensor offs) -> (Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x128(Tensor w, bool as_is=True, bool transposed=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quantize_fp8_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor)");
-  m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quantize_fp8_1x128_128x1(Tensor x, Tensor offs, bool tile_scales=False, Tensor? index=None) -> "
+        "(Tensor, Tensor, Tensor, Tensor)");
   m.def(("act_quantize_fp8_1x128(Tensor pre, " + kFp8ActDefaults + ") -> (Tensor, Tensor)").c_str());
   m.def("grouped_mm_fp8(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, "
         "Tensor? row_scale=None) -> Tensor");

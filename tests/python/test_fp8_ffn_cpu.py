@@ -202,9 +202,9 @@ def test_up_projection_takes_dpre_copy_from_fused_backward(monkeypatch, wgrad):
     quantize, act_bwd = fp8_ffn.quantize_1x128, fp8_ffn.grouped_mm_act_bwd_unchecked
     quantize_sums = fp8_ffn.quantize_1x128_column_sums
 
-    def counting_quantize(a):
+    def counting_quantize(a, index=None):
         calls["quantize"] += 1
-        return quantize(a)
+        return quantize(a, index)
 
     def counting_quantize_sums(a, offs):  # dpre's pass where b_up needs its gradient
         calls["quantize"] += 1

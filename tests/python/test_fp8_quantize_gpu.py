@@ -230,6 +230,64 @@ def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols, tile_scales)
         assert torch.equal(_bits(a) if a.dtype == ref.FP8_DTYPE else a, _bits(b) if b.dtype == ref.FP8_DTYPE else b)
 
 
+@pytest.mark.parametrize("src_rows,counts,pad,cols", [
+    (900, [300, 0, 517, 180], 3, 2880),  # GPT-OSS-like, rows repeated (top-k) in any order
+    (5, [0, 0, 1, 127, 128, 129], 0, 16),  # block edges; few source rows, each many times
+    (64, [0, 0], 9, 48),                   # no routed rows: every row is padding
+    (1, [1] * 64, 2000, 32),               # 64 one-row groups, then 2000 padding rows
+])
+@pytest.mark.parametrize("tile_scales", [False, True], ids=["", "tile_scales"])
+def test_quantize_1x128_128x1_gathers_rows(src_rows, counts, pad, cols, tile_scales):
+    """With an index the pass reads row index[r] of x for both copies: the bits of
+    quantize_fp8_1x128_128x1(x[index]) (the FP8 weight gradient's x under a fused gather)."""
+    m = sum(counts) + pad
+    x = _data((src_rows, cols), 5 * m + cols, special=True)
+    g = torch.Generator(device="cuda").manual_seed(m + cols)
+    index = torch.randint(0, src_rows, (m,), device="cuda", generator=g, dtype=torch.int32)
+    offs = _offs(counts)
+    sorted_rows = x[index.long()]
+    want = torch.ops.cute_moe.quantize_fp8_1x128_128x1(sorted_rows, offs, tile_scales)
+    outs = [torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, tile_scales, index),
+            cute_moe.fp8.quantize_1x128_128x1(x, offs, tile_scales, index)]
+    ref_outs = ref.quantize_1x128(sorted_rows) + ref.quantize_128x1_t(sorted_rows, offs, tile_scales)
+    for got in outs:
+        for a, b, r in zip(got, want, ref_outs):
+            assert a.dtype == b.dtype and a.shape == b.shape == r.shape
+            if a.dtype == ref.FP8_DTYPE:
+                assert torch.equal(_bits(a), _bits(b)) and torch.equal(_bits(a), _bits(r))
+            else:
+                assert torch.equal(a, b) and torch.equal(a, r)
+    torch.cuda.set_sync_debug_mode("error")  # no host sync with the index either
+    try:
+        cute_moe.fp8.quantize_1x128_128x1(x, offs, tile_scales, index)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_quantize_1x128_128x1_index_rules():
+    x = torch.zeros(8, 128, dtype=torch.bfloat16, device="cuda")
+    offs = _offs([4])
+    op = torch.ops.cute_moe.quantize_fp8_1x128_128x1
+    with pytest.raises(RuntimeError, match=r"index must be Int"):
+        op(x, offs, False, torch.zeros(4, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match=r"index must be a CUDA tensor"):
+        op(x, offs, False, torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=r"index must be contiguous"):
+        op(x, offs, False, torch.zeros(8, dtype=torch.int32, device="cuda")[::2])
+
+
+@pytest.mark.parametrize("bad", ["[0, 1, 2, 8]", "[0, -1, 2, 3]"], ids=["past-end", "negative"])
+def test_quantize_1x128_128x1_invalid_index_stops_the_kernel_with_a_message(bad):
+    # a padding row's index too (row 3 is past offs[-1] = 3): every row read is checked
+    out = testing.device_trap_output(f"""
+        x = torch.randn(8, 128, device="cuda", dtype=torch.bfloat16)
+        index = torch.tensor({bad}, device="cuda", dtype=torch.int32)
+        offs = torch.tensor([2, 3], device="cuda", dtype=torch.int32)
+    """, "torch.ops.cute_moe.quantize_fp8_1x128_128x1(x, offs, False, index)")
+    assert "cute_moe quantize_fp8_1x128_128x1: invalid index at position" in out, out
+    assert "not a row of src, which has 8 rows" in out, out
+
+
 @pytest.mark.parametrize("counts,pad,cols", [
     ([300, 0, 517, 180], 3, 2880),     # GPT-OSS-like: partial blocks, an empty group
     ([0, 0, 1, 127, 128, 129], 0, 16),  # block edges, empty groups first, one column block

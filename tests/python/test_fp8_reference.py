@@ -249,6 +249,33 @@ def test_quantize_1x128_128x1_wrapper_on_cpu_and_its_checks():
         assert shapes == [(150, 32), (150, 1), (32, 128 * 5), (5, 32)]
 
 
+def test_quantize_1x128_128x1_gathering_on_cpu_and_its_checks():
+    """With an index: the copies of x[index] (the reference gathers first), the index's checks,
+    and the op's CPU and fake kernels (M = the index's length rows)."""
+    import cute_moe
+    offs = offsets_from_counts([3, 0, 140])
+    x = torch.randn(40, 32).to(torch.bfloat16)
+    index = torch.randint(0, 40, (150,), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    got = cute_moe.fp8.quantize_1x128_128x1(x, offs, True, index)
+    rows = x[index.long()]
+    want = fp8.quantize_1x128(rows) + fp8.quantize_128x1_t(rows, offs, True)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    with pytest.raises(ValueError, match=r"quantize_fp8_1x128: index: expected"):
+        cute_moe.fp8.quantize_1x128_128x1(x, offs, False, index.long())
+    with pytest.raises(ValueError, match=r"index: expected values in \[0, 40\) \(rows of src\), got 40"):
+        cute_moe.fp8.quantize_1x128_128x1(x, offs, False, index.clone().fill_(40))
+    if cute_moe.library_loaded():
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        op = torch.ops.cute_moe.quantize_fp8_1x128_128x1
+        for a, b in zip(op(x, offs, True, index), want):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        with FakeTensorMode() as mode:
+            shapes = [tuple(t.shape) for t in op(mode.from_tensor(x), mode.from_tensor(offs), False,
+                                                  mode.from_tensor(index))]
+        assert shapes == [(150, 32), (150, 1), (32, 128 * 5), (5, 32)]
+
+
 def test_quantize_1x128_column_sums_wrapper_on_cpu_and_its_checks():
     """The CPU path: quantize_1x128 of every row and each group's fp32 column sums (padding rows
     quantized, not summed; an empty group's sums zero), the argument checks named as this op's,

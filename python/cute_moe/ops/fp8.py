@@ -26,7 +26,8 @@ from .registry import register_kernels
 
 __all__ = ["OPS", "check_quantize_1x128_args", "reference_1x128", "check_act_quantize_1x128_args",
            "reference_act_quantize_1x128", "check_quantize_128x128_args", "reference_128x128",
-           "check_quantize_128x1_args", "reference_128x1", "reference_1x128_128x1",
+           "check_quantize_128x1_args", "reference_128x1", "check_quantize_1x128_128x1_args",
+           "reference_1x128_128x1",
            "check_quantize_1x128_column_sums_args", "reference_1x128_column_sums",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
            "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
@@ -177,14 +178,25 @@ def reference_128x1(x, offs, tile_scales=False):
     return quantize_128x1_t(x, offs, tile_scales)
 
 
-def _fake_1x128_128x1(x, offs, tile_scales=False):
-    return _fake_1x128(x, None) + _fake_128x1(x, offs, tile_scales)
-
-
-def reference_1x128_128x1(x, offs, tile_scales=False):
-    """quantize_fp8_1x128_128x1's outputs from the reference: (q, scale) of quantize_1x128 and
-    (q_t, scale_t) of quantize_128x1."""
+def check_quantize_1x128_128x1_args(x, offs, index=None) -> None:
+    """quantize_fp8_1x128's rules for x and index, quantize_fp8_128x1's for x and offs."""
+    check_quantize_1x128_args(x, index)
     check_quantize_128x1_args(x, offs)
+
+
+def _fake_1x128_128x1(x, offs, tile_scales=False, index=None):
+    check_quantize_1x128_128x1_args(x, offs, index)
+    rows = x if index is None else x.new_empty(index.shape[0], x.shape[1])  # the sorted rows' shape
+    return _fake_1x128(rows, None) + _fake_128x1(rows, offs, tile_scales)
+
+
+def reference_1x128_128x1(x, offs, tile_scales=False, index=None):
+    """quantize_fp8_1x128_128x1's outputs from the reference: (q, scale) of quantize_1x128 and
+    (q_t, scale_t) of quantize_128x1, of x[index] where an index is given (range-checked as the
+    kernels check it)."""
+    check_quantize_1x128_128x1_args(x, offs, index)
+    if index is not None:
+        x = gather_rows_ref(x, index)
     return quantize_1x128(x) + quantize_128x1_t(x, offs, tile_scales)
 
 
