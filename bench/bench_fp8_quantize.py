@@ -9,6 +9,7 @@
 #   gather, x ...      the gather as a kernel of its own first (the bytes counted are the pass's)
 #   dy 1x128+128x128   quantize_1x128_128x1(dy, offs, tile_scales=True)
 #   dpre 1x128+128x128 the same over dpre (2I wide)
+#   dpre 1x128+sums    quantize_1x128_column_sums(dpre, offs): dx's operand and b_up's gradient
 #   ph 128x1           quantize_128x1(p h, offs): the down weight gradient's activation operand
 #   h act 1x128        act_quantize_1x128(pre): h = act(pre) and its 1x128 copy
 #   x 1x128            quantize_1x128(x): the bf16-weight-gradient recipe's pass
@@ -57,6 +58,9 @@ def passes(key: str, seed: int) -> dict:
         # dy has x's shape (M, H): x's data stands in for it
         "dy 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(x, offs, True), both(m, h, True)),
         "dpre 1x128+128x128": (lambda: fp8.quantize_1x128_128x1(dpre, offs, True), both(m, 2 * i, True)),
+        # the up projection's input-gradient operand with b_up's gradient (the column sums)
+        "dpre 1x128+sums": (lambda: fp8.quantize_1x128_column_sums(dpre, offs),
+                            2 * m * 2 * i + m * 2 * i + 4 * m * -(-2 * i // 128)),
         "ph 128x1": (lambda: fp8.quantize_128x1(ph, offs), 2 * m * i + i * 128 * blocks + 4 * blocks * i),
         "h act 1x128": (lambda: fp8.act_quantize_1x128(dpre, "swiglu"), 2 * m * 2 * i + m * i + 4 * m * -(-i // 128)),
         "x 1x128": (lambda: fp8.quantize_1x128(x), 2 * m * h + m * h + 4 * m * -(-h // 128)),

@@ -20,14 +20,8 @@ namespace cute_moe {
 
 namespace {
 
-using namespace fp8_math;  // kBlock, nan_max, block_scale, ScaleDivisor, e4m3x2, e4m3x8, to_float
-
-// The largest magnitude of eight bf16 (a NaN among them: NaN), in fp32.
-__device__ __forceinline__ float bf16_abs_max(const uint4& v) {
-  __nv_bfloat162 m = __hmax2_nan(__hmax2_nan(__habs2(bf16_pair(v, 0)), __habs2(bf16_pair(v, 1))),
-                                 __hmax2_nan(__habs2(bf16_pair(v, 2)), __habs2(bf16_pair(v, 3))));
-  return nan_max(__low2float(m), __high2float(m));
-}
+using namespace fp8_math;  // kBlock, nan_max, block_scale, ScaleDivisor, e4m3x2, e4m3x8, to_float,
+                           // bf16_abs_max, quantize_rows_1x128
 
 // The activation pass's input, eight values of one row: the h of an activation computed from
 // pre as the fused up projection computes and rounds it (to bf16), in fp32.
@@ -50,49 +44,6 @@ struct ActSource {
     }
   }
 };
-
-// The 1x128 blocks of 8 consecutive rows held by a half warp, each lane 8 columns of each row
-// as bf16 (zeros outside the matrix): the rows' scales and e4m3 bytes, the bits of
-// cute_moe.reference.fp8's quantize_1x128. A reduce-scatter over the half warp's 16 lanes (the
-// steps over lane bits 3, 2, 1 halve the rows a lane keeps; the step over bit 0 completes the
-// maximum) leaves lanes 2i, 2i + 1 with row i's amax, so a block's scale and its reciprocal are
-// divided by two lanes, not sixteen (2.5 instructions per element before: session 41), and
-// shuffled to the row's lanes when its values are divided. `rows`: the valid rows (0-8);
-// `store`: the lane's columns are inside; `scales`: the half warp's block is (its scale of row i
-// at scale[i * ld_scale]). Every lane of the warp calls this.
-__device__ __forceinline__ void quantize_8_rows_1x128(const uint4 (&raw)[8], int rows, bool store, uint8_t* q,
-                                                      int64_t ld_q, bool scales, float* scale, int64_t ld_scale) {
-  constexpr unsigned kAll = 0xffffffffu;
-  const int lane = threadIdx.x & 31;
-  float m[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m[i] = bf16_abs_max(raw[i]);
-#pragma unroll
-  for (int half = 4; half >= 1; half >>= 1) {  // rows kept: 4, 2, 1
-    const bool upper = (lane & (2 * half)) != 0;
-#pragma unroll
-    for (int j = 0; j < half; ++j) {
-      const float keep = upper ? m[j + half] : m[j];
-      const float give = upper ? m[j] : m[j + half];
-      m[j] = nan_max(keep, __shfl_xor_sync(kAll, give, 2 * half));
-    }
-  }
-  const float row_scale = block_scale(nan_max(m[0], __shfl_xor_sync(kAll, m[0], 1)));
-  const float row_recip = 1.0f / row_scale;
-  const int mine = (lane >> 1) & 7;  // the row whose scale this lane holds
-  if (scales && (lane & 1) == 0 && mine < rows) scale[mine * ld_scale] = row_scale;
-  const bool fast = __all_sync(kAll, ScaleDivisor::fast_for(row_scale));  // the warp's rows
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int from = (lane & 16) | (2 * i);  // a lane of this half holding row i's scale
-    const ScaleDivisor div{__shfl_sync(kAll, row_scale, from), __shfl_sync(kAll, row_recip, from)};
-    if (i < rows && store) {
-      float x[8];
-      to_float(raw[i], x);
-      *reinterpret_cast<uint2*>(q + i * ld_q) = e4m3x8(x, div, fast);
-    }
-  }
-}
 
 constexpr int kRowsThreads = 256;  // the 1x128 passes' CTA
 
@@ -125,7 +76,7 @@ __global__ void quantize_rows_kernel(QuantizeFp8RowsArgs a, int64_t spans_per_ro
     if (i < rows && inside) raw[i] = *reinterpret_cast<const uint4*>(src + r * a.ld_src + col);
   }
   const int64_t blk = 2 * span + (lane >> 4);
-  quantize_8_rows_1x128(raw, rows, inside, static_cast<uint8_t*>(a.q) + row0 * a.ld_q + col, a.ld_q,
+  quantize_rows_1x128(raw, rows, inside, static_cast<uint8_t*>(a.q) + row0 * a.ld_q + col, a.ld_q,
                         blk < blocks_per_row, a.scale + row0 * blocks_per_row + blk, blocks_per_row);
 }
 
@@ -373,7 +324,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_group_columns_kernel
   if (a.q != nullptr) {  // the 1x128 copy, the bits quantize_rows_kernel writes
     const int rows = max(0, min(8, blk.rows - 8 * rg));
     const int64_t row = blk.first_row + 8 * rg, blocks_per_row = (a.cols + kBlock - 1) / kBlock;
-    quantize_8_rows_1x128(raw, rows, col_inside, static_cast<uint8_t*>(a.q) + row * a.ld_q + col, a.ld_q, true,
+    quantize_rows_1x128(raw, rows, col_inside, static_cast<uint8_t*>(a.q) + row * a.ld_q + col, a.ld_q, true,
                           a.q_scale + row * blocks_per_row + cb, blocks_per_row);
     if (blk.padding) {  // no group's rows: the 128x1 copy's block is zeros, scale 1
 #pragma unroll

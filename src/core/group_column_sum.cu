@@ -125,6 +125,18 @@ __device__ __forceinline__ float warp_sum4(const float v[4], int lane) {
   return s;
 }
 
+// kQuantize: rows r .. r + 3's 1 x 128 e4m3 copy and scales, as quantize_fp8_1x128 writes them
+// (each half warp holds one 128-column block of the rows; each block's scale divided by 4 of
+// its 16 lanes: fp8_math::quantize_rows_1x128).
+template <bool kQuantize>
+__device__ __forceinline__ void quantize_4_rows(const Pass& p, int64_t r, int64_t col, bool active, const uint4 (&v)[4]) {
+  if constexpr (kQuantize) {
+    const int64_t blocks = (p.n + fp8_math::kBlock - 1) / fp8_math::kBlock, blk = col / fp8_math::kBlock;
+    fp8_math::quantize_rows_1x128(v, 4, active, p.q + r * p.ld_q + col, p.ld_q, blk < blocks,
+                                  p.q_scale + r * blocks + blk, blocks);
+  }
+}
+
 // kQuantize: row r's 1 x 128 e4m3 copy and scales, as quantize_fp8_1x128 writes them (each half
 // warp holds one 128-column block of the row).
 template <bool kQuantize>
@@ -202,8 +214,8 @@ __global__ void __launch_bounds__(kThreads) column_sum_partials_kernel(Pass p) {
       for (int u = 0; u < 4; ++u) {
         add_bf16x8(acc, v[u], scale[u]);
         if constexpr (kRowDot) d[u] = dot_bf16x8(v[u], b, 0.0f);
-        quantize_row<kQuantize>(p, r + u, col, active, v[u]);
       }
+      quantize_4_rows<kQuantize>(p, r, col, active, v);
       if constexpr (kRowDot) {
         const int lane = threadIdx.x % 32;
         const float sum = warp_sum4(d, lane);
