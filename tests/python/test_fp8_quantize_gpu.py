@@ -234,6 +234,7 @@ def test_quantize_1x128_128x1_is_both_quantizers(counts, pad, cols, tile_scales)
     (900, [300, 0, 517, 180], 3, 2880),  # GPT-OSS-like, rows repeated (top-k) in any order
     (5, [0, 0, 1, 127, 128, 129], 0, 16),  # block edges; few source rows, each many times
     (64, [0, 0], 9, 48),                   # no routed rows: every row is padding
+    (64, [0, 0], 0, 48),                   # an empty index: no rows at all
     (1, [1] * 64, 2000, 32),               # 64 one-row groups, then 2000 padding rows
 ])
 @pytest.mark.parametrize("tile_scales", [False, True], ids=["", "tile_scales"])
