@@ -120,9 +120,8 @@ class _Fp8UpProj(torch.autograd.Function):
     (h_q, h_scale, pre): pre = x W_up + b_up (over x[rows] where rows is given: x's 1x128 copy,
     and for an FP8 weight gradient its 128x1 copy, come from one pass that gathers the rows, the
     sorted bf16 copy is never made; the backward sums each token's rows of dx and gathers x again
-    for the bf16 weight gradient)
-    from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the down
-    projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
+    for the bf16 weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the
+    down projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
     of the fused up projection's h, which cost more in its cooperative kernel's epilogue than the
     pass; docs/perf-notes.md, session 26). h is never stored in bf16. h_q and h_scale only feed
     _Fp8DownProj, which hands pre its gradient: they are non-differentiable. Keeps x's 128x1 copy

@@ -32,16 +32,20 @@ QuantizeFp8RowsArgs rows_args(const at::Tensor& src, int64_t rows, int64_t cols,
   return a;
 }
 
+// A gathering quantizer's index: (M,) int32, contiguous, on x's device (its values are
+// checked by the kernel: rows of x).
+void check_row_index(const at::Tensor& index, const at::Tensor& x) {
+  check_cuda_tensor(index, "index", at::kInt, 1, x);
+  TORCH_CHECK(index.stride(0) == 1 || index.size(0) <= 1, "cute_moe: index must be contiguous, got stride ",
+              index.strides());
+}
+
 // (rows, cols) bf16 -> (q e4m3 (rows, cols), scale fp32 (rows, ceil(cols / 128))); with an index
 // (M,) int32, q's row r is x[index[r]]'s: (M, cols) and (M, ceil(cols / 128)).
 std::tuple<at::Tensor, at::Tensor> quantize_fp8_1x128_cuda(const at::Tensor& x, const std::optional<at::Tensor>& index) {
   check_cuda_tensor(x, "x", at::kBFloat16, 2, x);
   check_row_major(x, "x");
-  if (index) {
-    check_cuda_tensor(*index, "index", at::kInt, 1, x);
-    TORCH_CHECK(index->stride(0) == 1 || index->size(0) <= 1, "cute_moe: index must be contiguous, got stride ",
-                index->strides());
-  }
+  if (index) check_row_index(*index, x);
   const int64_t rows = index ? index->size(0) : x.size(0);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor q = at::empty({rows, x.size(1)}, x.options().dtype(at::kFloat8_e4m3fn));
@@ -148,11 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_128x128_
 std::vector<at::Tensor> quantize_group_columns(const at::Tensor& x, const at::Tensor& offs, bool rows,
                                                bool tile_scales, const std::optional<at::Tensor>& index = {}) {
   check_grouped_rows(x, offs);
-  if (index) {
-    check_cuda_tensor(*index, "index", at::kInt, 1, x);
-    TORCH_CHECK(index->stride(0) == 1 || index->size(0) <= 1, "cute_moe: index must be contiguous, got stride ",
-                index->strides());
-  }
+  if (index) check_row_index(*index, x);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = index ? index->size(0) : x.size(0), n = x.size(1);
   const int64_t row_blocks = fp8_group_row_blocks(m, static_cast<int32_t>(offs.size(0)));
