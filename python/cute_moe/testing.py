@@ -242,6 +242,24 @@ def device_trap_output(setup: str, call: str) -> str:
     return out
 
 
+def _worker_process(worker, rank, world, port, args, errors) -> None:
+    """A spawned process of run_workers: the worker, then an exit that skips the
+    interpreter's teardown. Once the worker has returned, its checks are done and its
+    failures reported; what teardown can still do is abort in a library's threads (CI saw
+    a gloo worker SIGABRT with "terminate called without an active exception" after its
+    final barrier and destroy_process_group), which says nothing about the test."""
+    import traceback
+    code = 0
+    try:
+        worker(rank, world, port, *args, errors)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_workers(worker, world: int, *args, timeout: float = 300) -> None:
     """Runs worker(rank, world, port, *args, errors) in `world` spawned processes (a
     distributed test: `port` is a free local TCP port for init_process_group, `errors` a
@@ -255,7 +273,7 @@ def run_workers(worker, world: int, *args, timeout: float = 300) -> None:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=worker, args=(rank, world, port, *args, errors))
+    procs = [ctx.Process(target=_worker_process, args=(worker, rank, world, port, args, errors))
              for rank in range(world)]
     for p in procs:
         p.start()

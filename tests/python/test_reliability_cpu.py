@@ -1,6 +1,7 @@
 # Reliability on the CPU (the references, or the library's CPU kernels): the MoE layer on
-# zero tokens, NaN propagation through every activation, the checked-offsets mode, and
-# torch.compile(fullgraph=True) of the whole layer forward and backward (no graph break).
+# zero tokens, NaN propagation through every activation, the checked-offsets mode,
+# torch.compile(fullgraph=True) of the whole layer forward and backward (no graph break),
+# and the distributed tests' process runner.
 # The GPU twins of these are in test_reliability_gpu.py.
 import pytest
 import torch
@@ -110,3 +111,32 @@ def test_compile_fullgraph_forward_and_backward(name, kw, fuse_gather):
     assert torch.equal(out, eager_out)
     for a, b in zip(grads, eager_grads):
         assert torch.equal(a, b)
+
+
+# --- the distributed tests' process runner ------------------------------------------------
+
+def _worker_reporting_on_rank_1(rank, world, port, errors):
+    if rank == 1:
+        errors.put("rank 1: reported")
+        raise RuntimeError("rank 1 failed")
+
+
+def _worker_exiting_on_rank_0(rank, world, port, errors):
+    if rank == 0:
+        raise SystemExit(3)
+
+
+def _worker_passing(rank, world, port, errors):
+    assert 0 <= rank < world and port > 0
+
+
+@pytest.mark.parametrize("worker,expected", [
+    (_worker_reporting_on_rank_1, r"rank 1: reported"),
+    (_worker_exiting_on_rank_0, r"\[1, 0\]"),
+])
+def test_run_workers_fails_on_a_report_or_an_exit_code(worker, expected):
+    """run_workers ends its processes without the interpreter's teardown: a worker's
+    report and a worker's failing exit still fail the test."""
+    with pytest.raises(AssertionError, match=expected):
+        testing.run_workers(worker, 2, timeout=120)
+    testing.run_workers(_worker_passing, 2, timeout=120)
