@@ -252,6 +252,8 @@ def _worker_process(worker, rank, world, port, args, errors) -> None:
     code = 0
     try:
         worker(rank, world, port, *args, errors)
+    except SystemExit as exc:  # sys.exit(n) in a worker: its code, as without this wrapper
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -132,7 +132,7 @@ def _worker_passing(rank, world, port, errors):
 
 @pytest.mark.parametrize("worker,expected", [
     (_worker_reporting_on_rank_1, r"rank 1: reported"),
-    (_worker_exiting_on_rank_0, r"\[1, 0\]"),
+    (_worker_exiting_on_rank_0, r"\[3, 0\]"),
 ])
 def test_run_workers_fails_on_a_report_or_an_exit_code(worker, expected):
     """run_workers ends its processes without the interpreter's teardown: a worker's
