@@ -11,8 +11,9 @@
 #   ours grouped         the same rows over the layer's experts (balanced), its weights
 # Ours is checked against the blockwise cuBLAS result of the same quantized inputs (a
 # layout mistake there would show as a large error), and that against bf16 (the recipe's
-# error); the tensorwise and rowwise sides are timed only (their scales are not the data's). It answers how far the recipe's scaling
-# itself sits below the tensorwise ceiling, and where our GEMM stands against cuBLAS on it.
+# error); the tensorwise and rowwise sides are timed only (their scales are not the data's).
+# It answers how far the recipe's scaling itself sits below the tensorwise ceiling, and where
+# our GEMM stands against cuBLAS on it.
 #   python bench/bench_fp8_ceiling.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--reps 30] [--json out.json]
 from __future__ import annotations
 
@@ -21,15 +22,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from bench_fp8_gemm import SHAPES
 from common import import_cute_moe, print_columns, rel_error, run_meta, write_json
 from cute_moe.bench.runner import alternating_ms, call_step
-
-# tokens x top-k routed rows, hidden, expert intermediate, experts (bench_fp8_gemm.py's)
-SHAPES = {
-    "gpt-oss-20b": dict(rows=24576 * 4, hidden=2880, inter=2880, experts=32),
-    "qwen3-30b-a3b": dict(rows=16384 * 8, hidden=2048, inter=768, experts=128),
-}
-E4M3 = torch.float8_e4m3fn
 
 
 def gemms(s: dict):
@@ -52,7 +47,7 @@ def blockwise_scales_for_cublas(a_scale: torch.Tensor, w_scale: torch.Tensor):
 
 def run_shape(cute_moe, name: str, s: dict, reps: int):
     fp8 = cute_moe.fp8
-    m, experts = s["rows"], s["experts"]
+    m, experts = s["tokens"] * s["topk"], s["experts"]  # the routed rows
     rows = []
     for gemm, n, k in gemms(s):
         g = torch.Generator(device="cuda").manual_seed(len(gemm))

@@ -10,16 +10,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import time
 
 import torch
 
+from bench_fp8_gemm import SHAPES, forced
 from common import import_cute_moe
-
-# tokens, hidden, expert intermediate, experts, top-k (GPT-OSS-20B)
-T, H, I, E, K = 24576, 2880, 2880, 32, 4
 
 
 def smi(*fields: str, period_ms: int | None = None):
@@ -31,8 +28,10 @@ def smi(*fields: str, period_ms: int | None = None):
 
 def kernels(fp8):
     """{name: call} on one set of GPT-OSS-20B operands (balanced routing)."""
+    s = SHAPES["gpt-oss-20b"]
+    H, I, E = s["hidden"], s["inter"], s["experts"]
+    m = s["tokens"] * s["topk"]
     torch.manual_seed(0)
-    m = T * K
     offs = (torch.arange(1, E + 1, device="cuda") * (m // E)).int()
     dy = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(E, I, H, device="cuda", dtype=torch.bfloat16) * 0.02  # W_down
@@ -40,28 +39,21 @@ def kernels(fp8):
     prob = torch.rand(m, device="cuda")
     bias = torch.randn(E, H, device="cuda", dtype=torch.bfloat16)
     dq, ds = fp8.quantize_1x128(dy)
-    q, s = fp8.quantize_128x128(w)[:2]
-    wq, wsc = q.transpose(-2, -1), s.transpose(-2, -1)
+    q, q_scale = fp8.quantize_128x128(w)[:2]
+    wq, wsc = q.transpose(-2, -1), q_scale.transpose(-2, -1)
     wt = w.transpose(-2, -1)
 
-    def fp8_bwd(config=None):
-        def call():
-            if config:
-                os.environ["CUTE_MOE_CONFIG"] = config
-            try:
-                return fp8.grouped_mm_act_bwd_unchecked(dq, ds, wq, wsc, offs, pre, prob, bias, dy, True,
-                                                        "swiglu_oai", 1.702, 7.0)
-            finally:
-                os.environ.pop("CUTE_MOE_CONFIG", None)
-        return call
+    def fp8_bwd():
+        return fp8.grouped_mm_act_bwd_unchecked(dq, ds, wq, wsc, offs, pre, prob, bias, dy, True, "swiglu_oai",
+                                                1.702, 7.0)
 
     return {
         "bf16 plain GEMM": lambda: torch.ops.cute_moe.grouped_mm(dy, wt, offs),
         "bf16 fused backward": lambda: torch.ops.cute_moe.grouped_mm_act_bwd(
             dy, wt, offs, pre, None, prob, bias, True, "swiglu_oai", 1.702, 7.0, "interleaved", False),
         "fp8 plain GEMM": lambda: fp8.grouped_mm_unchecked(dq, ds, wq, wsc, offs),
-        "fp8 fused backward (default)": fp8_bwd(),
-        "fp8 fused backward (coop)": fp8_bwd("128x128x128_2x1_coop"),
+        "fp8 fused backward (default)": fp8_bwd,
+        "fp8 fused backward (coop)": forced("128x128x128_2x1_coop", fp8_bwd),
     }
 
 
