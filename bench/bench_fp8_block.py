@@ -4,6 +4,8 @@
 # call in turn (cute_moe.bench.runner.alternating_ms):
 #   fp8           cute_moe.fp8.expert_ffn: the six GEMMs in FP8, the activation and its
 #                 backward in their epilogues, the quantizations as separate passes (docs/fp8.md)
+#   fp8 fused-h   the same with h's 1x128 copy written by the up projection's epilogue
+#                 (fp8_ffn.FUSED_H_COPY) instead of a pass over pre
 #   fp8 bf16-wgrad  the same with its weight gradients in bf16 (fp8_ffn.FP8_WEIGHT_GRADS off)
 #   bf16          cute_moe.expert_ffn: the fused bf16 kernels
 #   torch fp8     torch._scaled_grouped_mm with rowwise scales for all six GEMMs, quantization,
@@ -79,18 +81,20 @@ def bench_shape(key, reps, warmup, seed, device="cuda", scale=1.0, experts=None)
     t, offs, hdim, inter, act = make_block(key, m, sizes, device, seed, scale)
     args = (t["x"], t["w_up"], t["w_down"], offs, t["b_up"], t["b_down"])
 
-    def ours_fp8(weight_grads_fp8=True):
+    def ours_fp8(weight_grads_fp8=True, fused_h=False):
         from cute_moe import fp8_ffn
-        setting, fp8_ffn.FP8_WEIGHT_GRADS = fp8_ffn.FP8_WEIGHT_GRADS, weight_grads_fp8  # read by the forward
+        settings = fp8_ffn.FP8_WEIGHT_GRADS, fp8_ffn.FUSED_H_COPY
+        fp8_ffn.FP8_WEIGHT_GRADS, fp8_ffn.FUSED_H_COPY = weight_grads_fp8, fused_h  # read by the forward
         try:
             return fp8.expert_ffn(*args, activation=act, prob=t["prob"])
         finally:
-            fp8_ffn.FP8_WEIGHT_GRADS = setting
+            fp8_ffn.FP8_WEIGHT_GRADS, fp8_ffn.FUSED_H_COPY = settings
 
     def ours_bf16():
         return cute_moe.expert_ffn(*args, activation=act, prob=t["prob"])
 
-    forward = {"fp8": ours_fp8, "fp8 bf16-wgrad": lambda: ours_fp8(False), "bf16": ours_bf16}
+    forward = {"fp8": ours_fp8, "fp8 fused-h": lambda: ours_fp8(fused_h=True),
+               "fp8 bf16-wgrad": lambda: ours_fp8(False), "bf16": ours_bf16}
     if device == "cuda":
         forward["torch fp8"] = lambda: torch_fp8_block(*args, t["prob"], act)
         compiled = lambda: torch_fp8_block(*args, t["prob"], act, compiled=True)  # noqa: E731

@@ -190,6 +190,9 @@ _MID_PONG_1X1 = Tile(128, 192, 64, 1, 1, "Pingpong")
 # FP8: a k-tile of 128 is one scale block (the mainloop promotes once per k-tile)
 _FP8_WIDE = Tile(128, 128, 128, 2, 1, "Cooperative")
 _FP8_WIDE_1X1 = Tile(128, 128, 128, 1, 1, "Cooperative")  # the weight gradient's, as _MID_PONG_1X1
+# The fused up projection: its two CTAs hold the two halves (128 columns of pre each) of a 1 x 128
+# block of h, so its e4m3 copy needs their row amaxes exchanged (sm90/fp8_h_epilogue.cuh).
+_FP8_WIDE_1X2 = Tile(128, 128, 128, 1, 2, "Cooperative")
 # The plain FP8 GEMM over short reductions: the cooperative tile with its epilogue handed to
 # a store warp, so the next tile's mainloop starts sooner: 1.12-1.14x at K = 768, 1.00-1.01x
 # at K = 2048-2880, but 0.96x at K = 5760 (H200, docs/perf-notes.md, session 36).
@@ -219,7 +222,7 @@ TILES = {
     ("sm90", "ActBwd_BCol"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "ActBwdHalves_BRow"): {"wide": _WIDE, "mid": (_MID_COOP, _MID_PONG_TWINS)},
     ("sm90", "Fp8RaggedM"): {"wide": _FP8_WIDE, "narrow": _FP8_STORE},
-    ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE},
+    ("sm90", "Fp8ActFwd"): {"wide": _FP8_WIDE_1X2},
     ("sm90", "Fp8ActBwd"): {"wide": (_FP8_PONG, _FP8_WIDE)},
     ("sm90", "Fp8RaggedK"): {"wide": (_FP8_WIDE, _FP8_WIDE_1X1)},
 }

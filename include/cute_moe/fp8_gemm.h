@@ -69,11 +69,20 @@ Result chosen_tile_config(const Fp8RaggedMGemmArgs& args, std::string* name, con
 //   pre = group_scale[e] * (deq(x) @ deq(W_e)) + bias[e]   gemm.n wide, bf16 in gemm.y
 //   h   = act(pre as rounded to bf16)                      gemm.n / 2 (gated) or gemm.n wide, bf16
 // gemm.row_scale must be null.
+// h_q (gated activations), instead of the bf16 h: h's e4m3 copy by 1 x 128 blocks along its
+// columns, the down projection's operand, bit for bit act_quantize_fp8_1x128 of the bf16 pre
+// (fp8_quantize.h): h_q (gemm.m, gemm.n / 2) e4m3, row stride ld_h_q bytes (a multiple of 16,
+// as is h_q's address); h_scale (gemm.m, ceil(gemm.n / 256)) fp32, row stride ld_h_scale; gemm.n a
+// multiple of 32. Rows past the groups' are not written. h must then be null.
 struct Fp8ActForwardArgs {
   Fp8RaggedMGemmArgs gemm;
   void* h = nullptr;  // bf16, row stride ldh
   int64_t ldh = 0;
   ActivationOptions act;
+  void* h_q = nullptr;
+  int64_t ld_h_q = 0;
+  float* h_scale = nullptr;
+  int64_t ld_h_scale = 0;
 };
 
 // Input gradient of the down-projection with the activation's backward, one launch

@@ -21,7 +21,7 @@ OPS = ("grouped_mm", "grouped_mm_wgrad", "grouped_column_sum", "grouped_bias_gra
        "grouped_mm_swiglu_bwd", "gather_rows", "gather_sum_rows", "gather_rows_dot",
        "quantize_fp8_1x128", "quantize_fp8_128x128", "quantize_fp8_128x1",
        "quantize_fp8_1x128_128x1", "quantize_fp8_1x128_column_sums", "act_quantize_fp8_1x128",
-       "grouped_mm_fp8", "grouped_mm_fp8_act",
+       "grouped_mm_fp8", "grouped_mm_fp8_act", "grouped_mm_fp8_act_quant",
        "grouped_mm_fp8_act_bwd", "grouped_mm_fp8_wgrad", "top_k", "sort_by_expert")
 
 _load_error: str | None = None

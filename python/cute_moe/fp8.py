@@ -13,7 +13,7 @@ from . import _library
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
 from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
-                      check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_args,
+                      check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_act_quant_args, check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
                       check_quantize_128x1_args, check_quantize_1x128_128x1_args,
                       check_quantize_1x128_args,
@@ -21,12 +21,14 @@ from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_group
                       reference_128x1, reference_1x128_128x1, reference_1x128_column_sums,
                       reference_128x128,
                       reference_grouped_mm_fp8, reference_grouped_mm_fp8_act,
-                      reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_wgrad)
+                      reference_grouped_mm_fp8_act_bwd, reference_grouped_mm_fp8_act_quant,
+                      reference_grouped_mm_fp8_wgrad)
 from .reference import fp8 as _ref
 
 __all__ = ["quantize_1x128", "quantize_128x128", "quantize_128x1", "quantize_1x128_128x1",
            "quantize_1x128_column_sums", "act_quantize_1x128",
-           "grouped_mm", "grouped_mm_act", "grouped_mm_act_bwd", "grouped_mm_wgrad", "expert_ffn",
+           "grouped_mm", "grouped_mm_act", "grouped_mm_act_quant", "grouped_mm_act_bwd",
+           "grouped_mm_wgrad", "expert_ffn",
            "reuse_weight_casts"]
 
 
@@ -191,6 +193,32 @@ def grouped_mm_act_unchecked(x, x_scale, w, w_scale, offs, bias, activation, alp
         return torch.ops.cute_moe.grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation,
                                                      alpha, limit)
     return reference_grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+
+
+def grouped_mm_act_quant(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                         w_scale: torch.Tensor, offs: torch.Tensor, bias: torch.Tensor | None = None,
+                         *, activation: str = DEFAULT_ACTIVATION, alpha: float = DEFAULT_ALPHA,
+                         limit: float | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grouped_mm_act with h written by the same epilogue as its 1 x 128 e4m3 copy instead of
+    bf16 (the down projection's operand; no pass over pre): returns (h_q, h_scale, pre), h_q
+    (m, n / 2) e4m3 and h_scale (m, ceil(n / 256)) fp32, bit for bit
+    act_quantize_1x128(pre, activation, alpha, limit) on the rows of the groups (rows at or past
+    offs[-1] are left unwritten by the kernel). Gated activations only, n a multiple of 32.
+    The kernel runs 1 x 2 clusters: the two CTAs of a block of h exchange its rows' amax."""
+    check_grouped_mm_fp8_act_quant_args(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                        limit)
+    check_offs_values("grouped_mm_fp8_act_quant", offs, x.shape[0], "x")
+    return grouped_mm_act_quant_unchecked(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                          limit)
+
+
+def grouped_mm_act_quant_unchecked(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit):
+    if _op(x):
+        return torch.ops.cute_moe.grouped_mm_fp8_act_quant(x, x_scale, w, w_scale, offs, bias,
+                                                           activation, alpha, limit)
+    return reference_grouped_mm_fp8_act_quant(x, x_scale, w, w_scale, offs, bias, activation,
+                                              alpha, limit)
 
 
 def grouped_mm_act_bwd(dy: torch.Tensor, dy_scale: torch.Tensor, w: torch.Tensor,

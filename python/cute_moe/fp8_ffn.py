@@ -31,9 +31,9 @@ from .activation_args import (LIMIT_DEFAULT, check_act_params, check_activation,
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ffn_autograd import (Act, _column_sum, _combine, _gather, _output_grads, _param_grads,
                            _token_grads)
-from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_unchecked,
-                  grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1, quantize_1x128_column_sums,
-                  quantize_128x1)
+from .fp8 import (act_quantize_1x128, grouped_mm_act_bwd_unchecked, grouped_mm_act_quant_unchecked,
+                  grouped_mm_unchecked, grouped_mm_wgrad, quantize_1x128, quantize_1x128_128x1,
+                  quantize_1x128_column_sums, quantize_128x1)
 from .fp8_weight_casts import backward_operand, forward_operand
 from .ops.checks import check_offs_values, check_scales
 from .ops.gemm import check_grouped_mm_args
@@ -82,6 +82,11 @@ def fp8_weight_grads_for(rows: int, experts: int, hidden: int, inter: int, gathe
 # the copy's direct stores from the epilogue add 1.0 ms to that kernel at GPT-OSS-20B, the pass
 # costs 0.6; docs/perf-notes.md, session 18). Same bits either way.
 FUSED_DPRE_COPY = False
+
+# h's 1x128 copy from the up projection's epilogue (True; gated activations, 2I a multiple of 32:
+# grouped_mm_act_quant, its 1 x 2 clusters exchanging the rows' amax) or from a pass over pre
+# (False: act_quantize_1x128). Same bits either way.
+FUSED_H_COPY = False
 
 
 def _quantized(a: torch.Tensor, offs, both: bool, tile_scales: bool, rows=None):
@@ -138,9 +143,14 @@ class _Fp8UpProj(torch.autograd.Function):
         # x's 1x128 copy, and for the FP8 weight gradient its 128x1 copy, from one pass over the
         # rows (gathering them where rows is given: the sorted bf16 x is never made)
         xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False, rows)
-        pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
-        del xq, x_scale
-        h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre
+        if FUSED_H_COPY and is_gated(act.name) and w_up.shape[2] % 32 == 0:
+            h_q, h_scale, pre = grouped_mm_act_quant_unchecked(xq, x_scale, *up, offs, b_up, act.name,
+                                                               act.alpha, act.limit)
+            del xq, x_scale
+        else:
+            pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
+            del xq, x_scale
+            h_q, h_scale = act_quantize_1x128(pre, act.name, act.alpha, act.limit)  # "none": h is pre
         ctx.mark_non_differentiable(h_q, h_scale)
         ctx.set_materialize_grads(False)
         ctx.bias_dtype = b_up.dtype if b_up is not None else None

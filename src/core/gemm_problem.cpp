@@ -142,6 +142,7 @@ GemmProblem lower(const Fp8ActForwardArgs& a) {
   GemmProblem p = lower(a.gemm);
   p.variant = KernelVariant::Fp8ActFwd;
   add_act_forward(p, a.act, a.h, a.ldh);
+  p.d_fp8 = {a.h_q, a.ld_h_q, a.h_scale, a.ld_h_scale};  // or none: the bf16 h
   return p;
 }
 

@@ -136,7 +136,7 @@ using detail::check_activation;
 
 // The activation forward's rules beyond its GEMM's (act_forward, fp8_act_forward).
 bool check_act_forward(Checker& c, const ActivationOptions& act, int64_t m, int64_t n, const float* row_scale,
-                       const void* h, int64_t ldh, const char* plain_gemm) {
+                       const void* h, int64_t ldh, const char* plain_gemm, bool bf16_h = true) {
   if (!check_activation(c, act)) return false;
   c.require(activation_info(act.activation).fused_forward, "activation ", activation_name(act.activation),
             " has no fused forward (h = pre: run ", plain_gemm, ")");
@@ -145,7 +145,7 @@ bool check_act_forward(Checker& c, const ActivationOptions& act, int64_t m, int6
             n);
   c.require(row_scale == nullptr, "row_scale must be null (it scales the down projection)");
   const int64_t h_cols = gated ? n / 2 : n;
-  c.pointer("h", h, m > 0).leading_dim("ldh", ldh, h_cols, gated ? "n/2" : "n");
+  if (bf16_h) c.pointer("h", h, m > 0).leading_dim("ldh", ldh, h_cols, gated ? "n/2" : "n");
   return true;
 }
 
@@ -264,7 +264,30 @@ Result validate(const Fp8ActForwardArgs& a) {
   Result r = validate_fp8_ragged_m(a.gemm, "fp8_act_forward");
   if (!r.ok()) return r;
   Checker c("fp8_act_forward");
-  check_act_forward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.row_scale, a.h, a.ldh, "fp8_ragged_m_gemm");
+  const bool copy = a.h_q != nullptr || a.h_scale != nullptr;
+  if (!copy) {
+    check_act_forward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.row_scale, a.h, a.ldh, "fp8_ragged_m_gemm");
+    return c.result();
+  }
+  // h's 1 x 128 e4m3 copy instead of the bf16 h
+  if (!check_act_forward(c, a.act, a.gemm.m, a.gemm.n, a.gemm.row_scale, nullptr, 0, "fp8_ragged_m_gemm", false)) {
+    return c.result();
+  }
+  const int64_t width = a.gemm.n / 2, blocks = (width + 127) / 128;
+  c.require(a.h == nullptr, "h must be null when h_q is given (h is written as its e4m3 copy instead)");
+  c.require(a.h_q != nullptr && a.h_scale != nullptr, "h_q and h_scale come together (h's e4m3 copy and its 1 x 128 "
+            "block scales)");
+  if (!c.result().ok()) return c.result();
+  c.require(is_gated(a.act.activation), "h_q is written for the gated activations only (swiglu_oai, swiglu, geglu); "
+            "quantize h with quantize_fp8_1x128 for ", activation_name(a.act.activation));
+  c.require(a.gemm.n % 32 == 0, "with h_q, n (the up-projection width 2I) must be a multiple of 32 (h's rows whole "
+            "16-byte pieces), got n=", a.gemm.n);
+  c.require(reinterpret_cast<uintptr_t>(a.h_q) % 16 == 0, "h_q must be 16-byte aligned");
+  c.scalars("h_scale", a.h_scale);
+  c.require(a.ld_h_q >= width && a.ld_h_q % 16 == 0, "ld_h_q must be a multiple of 16 bytes and >= h's width n/2=",
+            width, ", got ld_h_q=", a.ld_h_q);
+  c.require(a.ld_h_scale >= blocks, "ld_h_scale must be >= ceil(n / 256)=", blocks, ", got ld_h_scale=",
+            a.ld_h_scale);
   return c.result();
 }
 

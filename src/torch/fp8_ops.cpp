@@ -296,6 +296,36 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_act_cuda(const at::Tensor& x, 
   return {h, pre};
 }
 
+// (h_q, h_scale, pre): the same kernel with h written as its 1 x 128 e4m3 copy instead of bf16
+// (gated activations; bit for bit act_quantize_fp8_1x128(pre)): h_q (m, n / 2) e4m3, h_scale
+// (m, ceil(n / 256)) fp32, their rows past offs[-1] unwritten.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mm_fp8_act_quant_cuda(
+    const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& w_scale,
+    const at::Tensor& offs, const std::optional<at::Tensor>& bias, const std::string& activation, double alpha,
+    std::optional<double> limit) {
+  const ActivationOptions opts = activation_options(activation, alpha, limit);
+  TORCH_CHECK(is_gated(opts.activation), "cute_moe: grouped_mm_fp8_act_quant: activation '", activation,
+              "' is not gated: h's e4m3 copy comes from the epilogue for swiglu_oai, swiglu and geglu only");
+  check_cuda_tensor(w, "w", at::kFloat8_e4m3fn, 3, x);
+  TORCH_CHECK(w.size(2) % 32 == 0, "cute_moe: grouped_mm_fp8_act_quant: w.shape[2] (2I) must be a multiple of 32 "
+              "(h's rows whole 16-byte pieces), got ", w.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t m = x.size(0), width = w.size(2) / 2;
+  at::Tensor pre = at::empty({m, w.size(2)}, x.options().dtype(at::kBFloat16));
+  at::Tensor h_q = at::empty({m, width}, x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor h_scale = at::empty({m, (width + 127) / 128}, x.options().dtype(at::kFloat));
+  Fp8ActForwardArgs a;
+  a.gemm = fp8_args(x, x_scale, w, w_scale, offs, bias, pre);
+  a.act = opts;
+  a.h_q = h_q.data_ptr();
+  a.ld_h_q = width;
+  a.h_scale = h_scale.data_ptr<float>();
+  a.ld_h_scale = h_scale.size(1);
+  if (a.gemm.m == 0) return {h_q, h_scale, pre};
+  enqueue_planned(fp8_act_forward, a, x);
+  return {h_q, h_scale, pre};
+}
+
 // (dpre, prob * h, dprob, dpre_q, dpre_scale): dy (m, H) e4m3 by 1 x 128 blocks, w = W_down as the
 // k-contiguous (E, H, I) view of the (E, I, H) weight quantized 128 x 128; pre (m, 2I or I) bf16.
 // dy_bf16 (the unquantized dy) is read for out_bias's term of dprob only. dprob is empty unless
@@ -417,6 +447,9 @@ TORCH_LIBRARY_FRAGMENT(cute_moe, m) {
   m.def(("grouped_mm_fp8_act(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor? bias=None, " +
          kFp8ActDefaults + ") -> (Tensor, Tensor)")
             .c_str());
+  m.def(("grouped_mm_fp8_act_quant(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, Tensor offs, "
+         "Tensor? bias=None, " + kFp8ActDefaults + ") -> (Tensor, Tensor, Tensor)")
+            .c_str());
   m.def(("grouped_mm_fp8_act_bwd(Tensor dy, Tensor dy_scale, Tensor w, Tensor w_scale, Tensor offs, Tensor pre, "
          "Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, bool prob_grad=False, " +
          kFp8ActDefaults + ", bool dpre_fp8=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
@@ -433,6 +466,7 @@ TORCH_LIBRARY_IMPL(cute_moe, CUDA, m) {
   m.impl("act_quantize_fp8_1x128", &act_quantize_fp8_1x128_cuda);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_cuda);
   m.impl("grouped_mm_fp8_act", &grouped_mm_fp8_act_cuda);
+  m.impl("grouped_mm_fp8_act_quant", &grouped_mm_fp8_act_quant_cuda);
   m.impl("grouped_mm_fp8_act_bwd", &grouped_mm_fp8_act_bwd_cuda);
   m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad_cuda);
 }

@@ -276,6 +276,43 @@ TEST(Fp8ActValidate, ValidArgumentsPass) {
   b.dpre_q = fake(0xe0000); b.ld_dpre_q = 5760;
   b.dpre_scale = fake<float>(0xf0000); b.ld_dpre_scale = 45;
   EXPECT_TRUE(cute_moe::validate(b).ok()) << cute_moe::validate(b).message;
+  cute_moe::Fp8ActForwardArgs f = valid_act_forward();  // h as its e4m3 copy: 23 blocks of 2880
+  f.h = nullptr; f.ldh = 0;
+  f.h_q = fake(0xe0000); f.ld_h_q = 2880;
+  f.h_scale = fake<float>(0xf0000); f.ld_h_scale = 23;
+  EXPECT_TRUE(cute_moe::validate(f).ok()) << cute_moe::validate(f).message;
+}
+
+TEST(Fp8ActValidate, RejectsBadHCopy) {
+  auto with_copy = [] {
+    cute_moe::Fp8ActForwardArgs f = valid_act_forward();
+    f.h = nullptr; f.ldh = 0;
+    f.h_q = fake(0xe0000); f.ld_h_q = 2880;
+    f.h_scale = fake<float>(0xf0000); f.ld_h_scale = 23;
+    return f;
+  };
+  cute_moe::Fp8ActForwardArgs f = with_copy();
+  f.h = fake(0xd0000); f.ldh = 2880;
+  expect_rejected(f, "fp8_act_forward: h must be null when h_q is given");
+  f = with_copy();
+  f.h_scale = nullptr;
+  expect_rejected(f, "h_q and h_scale come together");
+  f = with_copy();
+  f.act.activation = cute_moe::Activation::kSrelu;
+  f.act.has_limit = false;
+  expect_rejected(f, "h_q is written for the gated activations only");
+  f = with_copy();
+  f.gemm.n = 5744;  // 2I a multiple of 16, not of 32
+  expect_rejected(f, "with h_q, n (the up-projection width 2I) must be a multiple of 32");
+  f = with_copy();
+  f.h_q = fake(0xe0008);
+  expect_rejected(f, "h_q must be 16-byte aligned");
+  f = with_copy();
+  f.ld_h_q = 2872;
+  expect_rejected(f, "ld_h_q must be a multiple of 16 bytes and >= h's width n/2=2880, got ld_h_q=2872");
+  f = with_copy();
+  f.ld_h_scale = 22;
+  expect_rejected(f, "ld_h_scale must be >= ceil(n / 256)=23, got ld_h_scale=22");
 }
 
 TEST(Fp8ActValidate, RejectsBadArguments) {

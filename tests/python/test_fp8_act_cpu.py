@@ -118,6 +118,11 @@ def test_argument_rules():
         fp8.grouped_mm_act(x, xs, w, ws, offs, activation="srelu", limit=7.0)
     with pytest.raises(ValueError, match=r"w: expected w.stride\(1\) == 1"):
         fp8.grouped_mm_act(x, xs, w.contiguous(), ws, offs)
+    # h's e4m3 copy from the epilogue: gated activations, 2I a multiple of 32
+    with pytest.raises(ValueError, match=r"grouped_mm_fp8_act_quant: activation: expected a gated"):
+        fp8.grouped_mm_act_quant(x, xs, w[..., :80], ws[..., :1], offs, activation="srelu")
+    with pytest.raises(ValueError, match=r"w: expected w.shape\[2\] \(2I\) a multiple of 32"):
+        fp8.grouped_mm_act_quant(x, xs, w[..., :144], ws[..., :2], offs, activation="swiglu")
     dyq, dys, w, ws, offs, pre, prob, out_bias, dy = _backward_args("swiglu_oai")
     with pytest.raises(ValueError, match=r"dy_scale: expected shape"):
         fp8.grouped_mm_act_bwd(dyq, dys[:, :1], w, ws, offs, pre)
@@ -148,7 +153,16 @@ def test_op_schemas_cpu_and_fake_kernels():
         'Tensor offs, Tensor pre, Tensor? prob=None, Tensor? out_bias=None, Tensor? dy_bf16=None, '
         'bool prob_grad=False, str activation="swiglu_oai", float alpha=1.702, float? limit=None, '
         'bool dpre_fp8=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)')
+    assert str(ops.grouped_mm_fp8_act_quant.default._schema) == (
+        'cute_moe::grouped_mm_fp8_act_quant(Tensor x, Tensor x_scale, Tensor w, Tensor w_scale, '
+        'Tensor offs, Tensor? bias=None, str activation="swiglu_oai", float alpha=1.702, '
+        'float? limit=None) -> (Tensor, Tensor, Tensor)')
     fwd, bwd = _forward_args("swiglu_oai", seed=3), _backward_args("swiglu_oai", seed=4)
+    # h's copy: the pre of grouped_mm_act and act_quantize_1x128's copy of h from it
+    h_q, h_scale, pre = ops.grouped_mm_fp8_act_quant(*fwd, "swiglu_oai", ALPHA, 7.0)
+    assert torch.equal(pre, fp8.grouped_mm_act(*fwd, activation="swiglu_oai", limit=7.0)[1])
+    want_q, want_s = fp8.act_quantize_1x128(pre, "swiglu_oai", ALPHA, 7.0)
+    assert torch.equal(h_q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(h_scale, want_s)
     got = ops.grouped_mm_fp8_act(*fwd, "swiglu_oai", ALPHA, 7.0)
     want = fp8.grouped_mm_act(*fwd, activation="swiglu_oai", limit=7.0)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -159,6 +173,7 @@ def test_op_schemas_cpu_and_fake_kernels():
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in fwd]
         h, pre = ops.grouped_mm_fp8_act(*fake, "swiglu_oai", ALPHA, 7.0)
+        fake_q, fake_s, fake_pre = ops.grouped_mm_fp8_act_quant(*fake, "swiglu_oai", ALPHA, 7.0)
         fake_b = [mode.from_tensor(t) for t in bwd]
         dpre, hp, dprob, no_q, no_scale = ops.grouped_mm_fp8_act_bwd(*fake_b, True, "swiglu_oai", ALPHA, 7.0)
         *_, dpre_q, dpre_scale = ops.grouped_mm_fp8_act_bwd(*fake_b, True, "swiglu_oai", ALPHA, 7.0, True)
@@ -166,6 +181,8 @@ def test_op_schemas_cpu_and_fake_kernels():
             ops.grouped_mm_fp8_act_bwd(*fake_b[:5], fake_b[5][:, :8], *fake_b[6:], True)
     m = sum(COUNTS) + PAD
     assert (tuple(h.shape), tuple(pre.shape), h.dtype) == ((m, I), (m, 2 * I), BF16)
+    assert (tuple(fake_q.shape), fake_q.dtype, tuple(fake_pre.shape)) == ((m, I), torch.float8_e4m3fn, (m, 2 * I))
+    assert (tuple(fake_s.shape), fake_s.dtype) == ((m, (I + 127) // 128), torch.float32)
     assert (tuple(dpre.shape), tuple(hp.shape), tuple(dprob.shape)) == ((m, 2 * I), (m, I), (m,))
     assert no_q.numel() == 0 and no_scale.numel() == 0
     assert (tuple(dpre_q.shape), dpre_q.dtype) == ((m, 2 * I), torch.float8_e4m3fn)

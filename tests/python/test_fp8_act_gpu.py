@@ -1,9 +1,9 @@
 # GPU tests of the FP8 GEMMs with the activation fused into the epilogue
-# (torch.ops.cute_moe.grouped_mm_fp8_act / _bwd, cute_moe.fp8.grouped_mm_act / _bwd): against
-# the references on the same quantized inputs, at GPT-OSS-20B and Qwen3-30B-A3B-like shapes
-# (k and n not multiples of 128, empty experts, padding rows poisoned), every activation; no
-# host sync, determinism, CUDA-graph replay with new routing, torch.compile. Needs an SM90 GPU
-# and the compiled library.
+# (torch.ops.cute_moe.grouped_mm_fp8_act / _quant / _bwd, cute_moe.fp8.grouped_mm_act / _quant /
+# _bwd): against the references on the same quantized inputs, at GPT-OSS-20B and
+# Qwen3-30B-A3B-like shapes (k and n not multiples of 128, empty experts, padding rows poisoned),
+# every activation; no host sync, determinism, CUDA-graph replay with new routing,
+# torch.compile. Needs an SM90 GPU and the compiled library.
 import pytest
 import torch
 
@@ -150,6 +150,66 @@ def test_backward_dpre_fp8_is_quantize_1x128_of_dpre(case, act):
                                                       "srelu", ALPHA, None, True)
 
 
+def _poisoned_allocator(*shapes_dtypes):
+    """Blocks of the caching allocator the next allocations of these sizes take, filled with
+    0xff bytes (e4m3 NaNs, fp32 NaNs), so that an output element the kernel does not write
+    shows."""
+    junk = [torch.full((shape[0] * shape[1] * dtype.itemsize,), 0xFF, dtype=torch.uint8, device="cuda")
+            for shape, dtype in shapes_dtypes]
+    del junk
+
+
+@pytest.mark.parametrize("limit", ["default", 1.5])
+@pytest.mark.parametrize("act", ["swiglu_oai", "swiglu", "geglu"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_h_copy_is_act_quantize_of_pre(case, act, limit):
+    """grouped_mm_fp8_act_quant: h's 1 x 128 e4m3 copy written by the up projection's epilogue
+    (the two CTAs of a 1 x 2 cluster exchanging each row's amax) is bit for bit
+    act_quantize_1x128 of the kernel's own pre on the groups' rows, with and without a clamp
+    that bites, and pre is the plain GEMM's. GPT-OSS-20B's n = 5760 is an odd count of 128-wide
+    tiles (the last cluster's second CTA past n), "small"'s a single tile."""
+    limit = _limit(act) if limit == "default" else limit
+    args, used = _forward_problem(case, act, seed=len(case) + len(act) + 17)
+    m, n = args[0].shape[0], args[2].shape[2]
+    for _ in range(2):  # the second call on memory the first left behind
+        _poisoned_allocator(((m, n), BF16), ((m, n // 2), torch.uint8),
+                            ((m, (n // 2 + 127) // 128), F32))
+        h_q, h_scale, pre = torch.ops.cute_moe.grouped_mm_fp8_act_quant(*args, act, ALPHA, limit)
+        assert h_q.dtype == torch.float8_e4m3fn and tuple(h_q.shape) == (m, n // 2)
+        assert h_scale.dtype == F32 and tuple(h_scale.shape) == (m, (n // 2 + 127) // 128)
+        assert torch.equal(pre, torch.ops.cute_moe.grouped_mm_fp8(*args, None)), "pre: the plain GEMM's"
+        want_q, want_s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre, act, ALPHA, limit)
+        assert torch.equal(h_scale[:used], want_s[:used]), f"{case} {act} scales"
+        assert torch.equal(h_q[:used].view(torch.uint8), want_q[:used].view(torch.uint8)), f"{case} {act} q"
+    # the public function, after its checks, and the reference (CPU kernel) on the same inputs
+    got = fp8.grouped_mm_act_quant(*args, activation=act, limit=limit)
+    assert torch.equal(got[0][:used].view(torch.uint8), want_q[:used].view(torch.uint8))
+    if case == "small":
+        cpu = [a.cpu() for a in args]
+        ref_q, ref_s, ref_pre = torch.ops.cute_moe.grouped_mm_fp8_act_quant(*cpu, act, ALPHA, limit)
+        testing.assert_rel_close(ref_fp8.dequantize_1x128(h_q[:used].cpu(), h_scale[:used].cpu()),
+                                 ref_fp8.dequantize_1x128(ref_q[:used], ref_s[:used]), f"{act} vs reference",
+                                 tol=TOL)
+
+
+def test_forward_h_copy_bad_input():
+    args, _ = _forward_problem("small", "srelu", seed=2)
+    with pytest.raises(RuntimeError, match="is not gated"):
+        torch.ops.cute_moe.grouped_mm_fp8_act_quant(*args, "srelu", ALPHA, None)
+    with pytest.raises(ValueError, match="a gated activation"):
+        fp8.grouped_mm_act_quant(*args, activation="srelu")
+    # 2I = 80: h's rows not whole 16-byte pieces
+    g = torch.Generator(device="cuda").manual_seed(3)
+    xq, xs = fp8.quantize_1x128(_randn(g, 64, 128))
+    _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, 2, 128, 80), False, True)
+    bad = (xq, xs, wq_t.transpose(-2, -1), ws_t.transpose(-2, -1),
+           offsets_from_counts([30, 34], device="cuda"), None)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.cute_moe.grouped_mm_fp8_act_quant(*bad, "swiglu", ALPHA, None)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp8.grouped_mm_act_quant(*bad, activation="swiglu")
+
+
 def test_public_functions_no_host_sync_and_deterministic():
     args, _ = _forward_problem("gpt_oss", "swiglu_oai", seed=3)
     bargs, _ = _backward_problem("gpt_oss", "swiglu_oai", seed=4)
@@ -189,6 +249,30 @@ def test_cuda_graph_replay_with_new_routing():
         want = reference_grouped_mm_fp8_act(*args, "swiglu_oai", ALPHA, 7.0)
         for name, a, b in zip(("h", "pre"), out, want):
             testing.assert_rel_close(a, b, f"replay {routing} {name}", tol=TOL)
+
+
+def test_h_copy_cuda_graph_replay_with_new_routing():
+    m, hidden, inter, e = 1200, 1024, 576, 8  # 2I = 1152: nine 128-wide tiles, an odd count
+    g = torch.Generator(device="cuda").manual_seed(8)
+    xq, xs = fp8.quantize_1x128(_randn(g, m, hidden))
+    _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, e, hidden, 2 * inter, s=hidden ** -0.5),
+                                            False, True)
+    offs = offsets_from_counts(testing.group_sizes(m, e, "balanced"), device="cuda")
+    args = (xq, xs, wq_t.transpose(-2, -1), ws_t.transpose(-2, -1), offs, _randn(g, e, 2 * inter))
+    graph, out = testing.capture_graph(
+        lambda: torch.ops.cute_moe.grouped_mm_fp8_act_quant(*args, "swiglu_oai", ALPHA, 7.0))
+    gen = torch.Generator().manual_seed(9)
+    for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300)):
+        offs.copy_(offsets_from_counts(testing.group_sizes(m - pad, e, routing, generator=gen),
+                                       device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        used = m - pad
+        h_q, h_scale, pre = out
+        assert torch.equal(pre[:used], torch.ops.cute_moe.grouped_mm_fp8(*args, None)[:used]), routing
+        want_q, want_s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre, "swiglu_oai", ALPHA, 7.0)
+        assert torch.equal(h_scale[:used], want_s[:used]), f"replay {routing} scales"
+        assert torch.equal(h_q[:used].view(torch.uint8), want_q[:used].view(torch.uint8)), f"replay {routing} q"
 
 
 def test_torch_compile_fullgraph():

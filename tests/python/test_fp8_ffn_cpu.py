@@ -237,6 +237,39 @@ def test_up_projection_takes_dpre_copy_from_fused_backward(monkeypatch, wgrad):
     assert calls["copies"] == 0
 
 
+@pytest.mark.parametrize("activation", ["swiglu_oai", "srelu"])
+def test_h_copy_from_up_projection_epilogue(monkeypatch, activation):
+    """FUSED_H_COPY: the up projection writes h's 1x128 copy itself (grouped_mm_act_quant, gated
+    activations) instead of a pass over pre (act_quantize_1x128), with the same bits for the
+    output and every gradient; a non-gated activation keeps the pass."""
+    from cute_moe import fp8_ffn
+    leaves, offs = make_leaves([11, 0, 7], 144, 80, activation, bias=True, prob=True, pad=2, seed=9)
+    dy = _dy(leaves)
+    calls = {"pass": 0, "fused": 0}
+    act_pass, fused = fp8_ffn.act_quantize_1x128, fp8_ffn.grouped_mm_act_quant_unchecked
+
+    def counting_pass(*args):
+        calls["pass"] += 1
+        return act_pass(*args)
+
+    def counting_fused(*args):
+        calls["fused"] += 1
+        return fused(*args)
+
+    monkeypatch.setattr(fp8_ffn, "act_quantize_1x128", counting_pass)
+    monkeypatch.setattr(fp8_ffn, "grouped_mm_act_quant_unchecked", counting_fused)
+    seen = {}
+    for flag in (True, False):
+        monkeypatch.setattr(fp8_ffn, "FUSED_H_COPY", flag)
+        calls.update({"pass": 0, "fused": 0})
+        seen[flag] = (fp8_grads(leaves, offs, activation, dy), dict(calls))
+    (out, grads), with_flag = seen[True]
+    (out2, grads2), without = seen[False]
+    assert torch.equal(out, out2) and all(torch.equal(grads[k], grads2[k]) for k in grads)
+    assert without == {"pass": 1, "fused": 0}
+    assert with_flag == ({"pass": 0, "fused": 1} if activation == "swiglu_oai" else without)
+
+
 def test_prob_dtype_and_default_limit():
     leaves, offs = _block()
     x, w_up, w_down = (leaves[k].detach() for k in ("x", "w_up", "w_down"))

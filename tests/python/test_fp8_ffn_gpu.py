@@ -241,3 +241,19 @@ def test_gather_and_combine_give_the_sorted_blocks_bits(wgrad, monkeypatch):
         assert torch.equal(a, b), name
     sums = sorted_out.detach().float()[combine[1].long()].sum(1)
     assert testing.rel_error(out.float(), sums) < 1e-2
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_h_copy_from_the_up_projection_gives_the_same_bits(case, monkeypatch):
+    """fp8_ffn.FUSED_H_COPY: h's 1x128 copy from the up projection's epilogue (1 x 2 clusters
+    exchanging the rows' amax) instead of a pass over pre: the output and every gradient keep
+    their bits."""
+    leaves, offs, activation, dy = _leaves(case, 3.0, seed=11)
+    seen = {}
+    for flag in (False, True):
+        monkeypatch.setattr(fp8_ffn, "FUSED_H_COPY", flag)
+        seen[flag] = fp8_grads(leaves, offs, activation, dy)
+    (out, grads), (out2, grads2) = seen[False], seen[True]
+    assert torch.equal(out, out2)
+    for name in grads:
+        assert torch.equal(grads[name], grads2[name]), name

@@ -30,7 +30,8 @@ __all__ = ["OPS", "check_quantize_1x128_args", "reference_1x128", "check_act_qua
            "reference_1x128_128x1",
            "check_quantize_1x128_column_sums_args", "reference_1x128_column_sums",
            "check_grouped_mm_fp8_args", "reference_grouped_mm_fp8", "check_grouped_mm_fp8_act_args",
-           "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_bwd_args",
+           "reference_grouped_mm_fp8_act", "check_grouped_mm_fp8_act_quant_args",
+           "reference_grouped_mm_fp8_act_quant", "check_grouped_mm_fp8_act_bwd_args",
            "reference_grouped_mm_fp8_act_bwd", "check_grouped_mm_fp8_wgrad_args",
            "reference_grouped_mm_fp8_wgrad"]
 
@@ -347,6 +348,41 @@ def _fake_grouped_mm_fp8_act(x, x_scale, w, w_scale, offs, bias, activation, alp
     return (x.new_empty(m, h, dtype=torch.bfloat16), x.new_empty(m, n, dtype=torch.bfloat16))
 
 
+def check_grouped_mm_fp8_act_quant_args(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                        limit) -> None:
+    """grouped_mm_fp8_act's rules for a gated activation, w's n (2I) a multiple of 32 (h, I
+    wide, in 16-byte fp8 rows)."""
+    op = "grouped_mm_fp8_act_quant"
+    check_grouped_mm_fp8_act_args(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit, op)
+    if not is_gated(activation):
+        fail(op, "activation", "a gated activation (swiglu_oai, swiglu, geglu): the epilogue "
+             "quantizes h by 1 x 128 blocks of its (gate, linear) pairs", repr(activation))
+    if w.shape[2] % 32:
+        fail(op, "w", "w.shape[2] (2I) a multiple of 32 (h, I wide, in 16-byte fp8 rows)",
+             f"shape {tuple(w.shape)}")
+
+
+def reference_grouped_mm_fp8_act_quant(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                       limit):
+    """The op's (h_q, h_scale, pre) from the reference (its CPU kernel): the up projection's
+    pre, then act_quantize_1x128's copy of h (rows past offs[-1] from pre's zero rows; the
+    kernel leaves them unwritten)."""
+    check_grouped_mm_fp8_act_quant_args(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                        limit)
+    _, pre = grouped_mm_fp8_act_ref(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit)
+    h_q, h_scale = act_quantize_1x128(pre, activation, alpha, limit)
+    return h_q, h_scale, pre
+
+
+def _fake_grouped_mm_fp8_act_quant(x, x_scale, w, w_scale, offs, bias, activation, alpha, limit):
+    check_grouped_mm_fp8_act_quant_args(x, x_scale, w, w_scale, offs, bias, activation, alpha,
+                                        limit)
+    m, n = x.shape[0], w.shape[2]
+    return (x.new_empty(m, n // 2, dtype=FP8_DTYPE),
+            x.new_empty(m, _blocks(n // 2), dtype=torch.float32),
+            x.new_empty(m, n, dtype=torch.bfloat16))
+
+
 def check_grouped_mm_fp8_act_bwd_args(dy, dy_scale, w, w_scale, offs, pre, prob, out_bias, dy_bf16,
                                       prob_grad, activation, alpha, limit,
                                       op: str = "grouped_mm_fp8_act_bwd") -> None:
@@ -478,6 +514,8 @@ def _register() -> None:
     register_kernels("act_quantize_fp8_1x128", _fake_act_1x128, reference_act_quantize_1x128)
     register_kernels("grouped_mm_fp8", _fake_grouped_mm_fp8, reference_grouped_mm_fp8)
     register_kernels("grouped_mm_fp8_act", _fake_grouped_mm_fp8_act, reference_grouped_mm_fp8_act)
+    register_kernels("grouped_mm_fp8_act_quant", _fake_grouped_mm_fp8_act_quant,
+                     reference_grouped_mm_fp8_act_quant)
     register_kernels("grouped_mm_fp8_act_bwd", _fake_grouped_mm_fp8_act_bwd,
                      reference_grouped_mm_fp8_act_bwd)
     register_kernels("grouped_mm_fp8_wgrad", _fake_grouped_mm_fp8_wgrad,

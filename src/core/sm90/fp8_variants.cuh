@@ -27,6 +27,7 @@
 #include "act_forward_variants.cuh"   // ActForwardEpilogue
 #include "kernel_instance.cuh"
 #include "fixed_tma_store.cuh"
+#include "fp8_h_epilogue.cuh"     // Sm90ActForwardFp8H
 #include "fp8_rows_epilogue.cuh"  // Sm90QuantizeRows
 #include "ragged_k_variants.cuh"  // RaggedKEpilogue, the dynamic tile schedule
 #include "ragged_m_variants.cuh"  // RaggedMEpilogue
@@ -360,8 +361,26 @@ template <> struct VariantTraits<KernelVariant::Fp8RaggedM, Act::Unfused>
 // The bf16 kernels' fused activation epilogues (act_forward_variants.cuh,
 // act_backward_variants.cuh) after the FP8 mainloop. A gated W's k-contiguous copy holds the
 // interleaved (gate, linear) columns as adjacent rows, so the accumulator's column pairs are (gate, linear) pairs as in the bf16 kernels.
+// For the gated activations the tree can write h's 1 x 128 e4m3 copy instead of the bf16 h
+// (ctx.d_fp8; fp8_h_epilogue.cuh), the two CTAs of a 1 x 2 cluster exchanging each row's amax.
+template <class Activation, bool = Activation::kGated>
+struct Fp8ActForwardEpilogue : ActForwardEpilogue<Activation> {};
+template <class Activation>
+struct Fp8ActForwardEpilogue<Activation, true> : ActForwardEpilogue<Activation> {
+  template <class TileShape, class ElementD, class EpiDesc>
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      Sm90ActForwardFp8H<Activation, typename EpiDesc::EpilogueTile, EpiDesc::StagesD,
+                         decltype(cute::size<0>(TileShape{}))::value, decltype(cute::size<1>(TileShape{}))::value>,
+      ScaledBiasTree<TileShape, float>>;
+  template <class Args>
+  static Args arguments(const GroupArrays& g, const LaunchContext& ctx) {
+    return {scaled_bias_arguments<decltype(Args{}.op_0)>(g),
+            {{ctx.act, ctx.d, ctx.aux, ctx.whole.offs, ctx.swap_pairs}, ctx.d_fp8}};
+  }
+};
 template <Act A> struct VariantTraits<KernelVariant::Fp8ActFwd, A>
-    : Traits<RowMajor, ColMajor, bf16, ActForwardEpilogue<typename ActFunctor<A>::type>, Fp8BlockScaledMainloopOf<false>> {};
+    : Traits<RowMajor, ColMajor, bf16, Fp8ActForwardEpilogue<typename ActFunctor<A>::type>,
+             Fp8BlockScaledMainloopOf<false>> {};
 // The fused backward's tree with, for the gated activations, dpre's 1 x 128 e4m3 copy (the up
 // projection's input-gradient operand) written by the epilogue too where the call asks for it
 // (ctx.d_fp8); the non-gated kernels keep the bf16 tree (validate.cpp refuses the copy for them).
