@@ -16,7 +16,8 @@ input gradient (issue 14's training path so far; docs/fp8.md)."""
 # combine, dy's copies from one pass writing both; dpre's 128x128 after dx; after a combine p h's
 # before dy is gathered and dy's after); the up projection keeps x's 128x1 copy for its weight
 # gradient instead of the bf16 x, half the bytes. The up projection writes pre from the plain FP8
-# GEMM, and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16);
+# GEMM, and one pass over pre writes h's 1x128 copy (act_quantize_1x128: h is never stored in bf16;
+# with FUSED_H_COPY the up projection's epilogue writes the copy itself, slower today);
 # the down projection's input gradient writes dpre (and, asked, its 1x128 e4m3 copy), prob * h and
 # dprob from one FP8 kernel (the bf16 kernel's epilogue on the FP8 mainloop, and a quantizing node);
 # the bias gradients are fp32 column sums of the bf16 dpre and dy (b_up's from the pass that writes
@@ -128,7 +129,9 @@ class _Fp8UpProj(torch.autograd.Function):
     for the bf16 weight gradient) from the plain FP8 GEMM, and h = act(pre)'s 1x128 copy (the
     down projection's operand) from one pass over pre (act_quantize_1x128: the bits of quantize_1x128
     of the fused up projection's h, which cost more in its cooperative kernel's epilogue than the
-    pass; docs/perf-notes.md, session 26). h is never stored in bf16. h_q and h_scale only feed
+    pass; docs/perf-notes.md, sessions 26 and 44), or with FUSED_H_COPY (gated activations) from
+    the up projection's own epilogue (grouped_mm_act_quant, the same bits). h is never stored in
+    bf16. h_q and h_scale only feed
     _Fp8DownProj, which hands pre its gradient: they are non-differentiable. Keeps x's 128x1 copy
     for the weight gradient (the bf16 x on the bf16 weight-gradient path) and the inputs; casts
     W_up's as-is copy again in the backward (in a reuse_weight_casts context, where `train` (grad
