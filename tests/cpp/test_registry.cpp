@@ -84,8 +84,10 @@ TEST(Registry, ListsConfigsPerFamily) {
   EXPECT_FALSE(m.empty());
   EXPECT_FALSE(k.empty());
   // FP8 tiles are not the bf16 family's; the store-warp one is the plain GEMM's narrow tile, the
-  // pingpong one the fused backward's (first in its table)
-  EXPECT_EQ(f, (std::vector<std::string>{"128x128x128_2x1_coop", "128x128x128_2x1_store", "64x128x128_2x1_pong"}));
+  // 1x2 one the fused forward's (its CTA pairs share h's 1 x 128 blocks), the pingpong one the
+  // fused backward's (first in its table)
+  EXPECT_EQ(f, (std::vector<std::string>{"128x128x128_2x1_coop", "128x128x128_2x1_store", "128x128x128_1x2_coop",
+                                         "64x128x128_2x1_pong"}));
   // the weight gradient's also on a 1x1 cluster (heuristics.cpp: no spare CTA per group)
   EXPECT_EQ(fk, (std::vector<std::string>{"128x128x128_2x1_coop", "128x128x128_1x1_coop"}));
   for (const auto& name : m) EXPECT_NE(name, "128x128x128_2x1_coop");

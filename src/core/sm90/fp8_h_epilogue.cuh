@@ -8,9 +8,9 @@
 // warpgroup's 64 x 128 slice, its accumulator and two promotion temporaries) sees 64 h columns.
 // So the kernel runs 1 x 2 clusters along n (tiles 2j and 2j + 1 of one row of tiles, one block
 // of h, at the same time; A multicast to both) and the two CTAs exchange each row's amax:
-//   1. each thread holds its h values of the whole tile (bf16, 32 a thread) through the
-//      subtiles; at the tile's end it takes each of its rows' amax, then its quad's (the four
-//      threads of a quad hold a row's columns, WGMMA's layout);
+//   1. each thread holds its h values of the whole tile (the bf16 values as floats, 32 a
+//      thread) through the subtiles; at the tile's end it takes each of its rows' amax, then
+//      its quad's (the four threads of a quad hold a row's columns, WGMMA's layout);
 //   2. the quad's first thread stores the row's amax into the peer CTA's shared memory
 //      (st.async, distributed shared memory), which completes 4 bytes of a transaction on the
 //      peer's mbarrier for that tile; one thread sets its own mbarrier's expected bytes (one
@@ -122,7 +122,6 @@ struct Sm90ActForwardFp8H : Sm90ActForwardAux<Activation, EpiTile, kStages> {
 
   template <class BaseCallbacks, class CTensor, int kRowSlots, int kPerSubtile, int kSubtiles>
   struct ConsumerStoreCallbacks : BaseCallbacks {
-    using ElementAux = typename Base::ElementAux;
     static constexpr int kHPerSubtile = kPerSubtile / 2;
     bool fp8;               // the e4m3 copy instead of bf16 h (uniform)
     CTensor tCcD;           // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) from the thread's first element
