@@ -13,7 +13,8 @@ from . import _library
 from .activations import DEFAULT_ACTIVATION, DEFAULT_ALPHA
 from .ops.checks import check_offs_values
 from .ops.fp8 import (check_act_quantize_1x128_args, check_dpre_fp8, check_grouped_mm_fp8_act_args,
-                      check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_act_quant_args, check_grouped_mm_fp8_args,
+                      check_grouped_mm_fp8_act_bwd_args, check_grouped_mm_fp8_act_quant_args,
+                      check_grouped_mm_fp8_args,
                       check_quantize_128x128_args, check_grouped_mm_fp8_wgrad_args,
                       check_quantize_128x1_args, check_quantize_1x128_128x1_args,
                       check_quantize_1x128_args,

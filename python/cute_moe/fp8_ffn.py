@@ -147,8 +147,8 @@ class _Fp8UpProj(torch.autograd.Function):
         # rows (gathering them where rows is given: the sorted bf16 x is never made)
         xq, x_scale, xq_t, x_scale_t = _quantized(x, offs, fp8_w, False, rows)
         if FUSED_H_COPY and is_gated(act.name) and w_up.shape[2] % 32 == 0:
-            h_q, h_scale, pre = grouped_mm_act_quant_unchecked(xq, x_scale, *up, offs, b_up, act.name,
-                                                               act.alpha, act.limit)
+            h_q, h_scale, pre = grouped_mm_act_quant_unchecked(xq, x_scale, *up, offs, b_up,
+                                                               act.name, act.alpha, act.limit)
             del xq, x_scale
         else:
             pre = grouped_mm_unchecked(xq, x_scale, *up, offs, b_up)
