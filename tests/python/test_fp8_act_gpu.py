@@ -230,44 +230,37 @@ def test_public_functions_no_host_sync_and_deterministic():
         assert torch.equal(a, b)
 
 
-def test_cuda_graph_replay_with_new_routing():
-    m, hidden, inter, e = 1200, 1024, 512, 8
-    g = torch.Generator(device="cuda").manual_seed(5)
+def _graph_replays(op, inter, seed):
+    """(routing, rows used, args, outputs) after each replay of a CUDA graph of op(*args,
+    "swiglu_oai", ALPHA, 7.0) captured on balanced routing, offs rewritten in place with new
+    routing (skewed, empty experts with padding rows, a single expert) before each replay."""
+    m, hidden, e = 1200, 1024, 8
+    g = torch.Generator(device="cuda").manual_seed(seed)
     xq, xs = fp8.quantize_1x128(_randn(g, m, hidden))
     _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, e, hidden, 2 * inter, s=hidden ** -0.5),
                                             False, True)
     offs = offsets_from_counts(testing.group_sizes(m, e, "balanced"), device="cuda")
     args = (xq, xs, wq_t.transpose(-2, -1), ws_t.transpose(-2, -1), offs, _randn(g, e, 2 * inter))
-    graph, out = testing.capture_graph(
-        lambda: torch.ops.cute_moe.grouped_mm_fp8_act(*args, "swiglu_oai", ALPHA, 7.0))
-    gen = torch.Generator().manual_seed(6)
+    graph, out = testing.capture_graph(lambda: op(*args, "swiglu_oai", ALPHA, 7.0))
+    gen = torch.Generator().manual_seed(seed + 1)
     for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300)):
         offs.copy_(offsets_from_counts(testing.group_sizes(m - pad, e, routing, generator=gen),
                                        device="cuda"))
         graph.replay()
         torch.cuda.synchronize()
+        yield routing, m - pad, args, out
+
+
+def test_cuda_graph_replay_with_new_routing():
+    for routing, _, args, out in _graph_replays(torch.ops.cute_moe.grouped_mm_fp8_act, 512, 5):
         want = reference_grouped_mm_fp8_act(*args, "swiglu_oai", ALPHA, 7.0)
         for name, a, b in zip(("h", "pre"), out, want):
             testing.assert_rel_close(a, b, f"replay {routing} {name}", tol=TOL)
 
 
 def test_h_copy_cuda_graph_replay_with_new_routing():
-    m, hidden, inter, e = 1200, 1024, 576, 8  # 2I = 1152: nine 128-wide tiles, an odd count
-    g = torch.Generator(device="cuda").manual_seed(8)
-    xq, xs = fp8.quantize_1x128(_randn(g, m, hidden))
-    _, _, wq_t, ws_t = fp8.quantize_128x128(_randn(g, e, hidden, 2 * inter, s=hidden ** -0.5),
-                                            False, True)
-    offs = offsets_from_counts(testing.group_sizes(m, e, "balanced"), device="cuda")
-    args = (xq, xs, wq_t.transpose(-2, -1), ws_t.transpose(-2, -1), offs, _randn(g, e, 2 * inter))
-    graph, out = testing.capture_graph(
-        lambda: torch.ops.cute_moe.grouped_mm_fp8_act_quant(*args, "swiglu_oai", ALPHA, 7.0))
-    gen = torch.Generator().manual_seed(9)
-    for routing, pad in (("skewed", 0), ("empty", 40), ("single", 300)):
-        offs.copy_(offsets_from_counts(testing.group_sizes(m - pad, e, routing, generator=gen),
-                                       device="cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
-        used = m - pad
+    # 2I = 1152: nine 128-wide tiles, an odd count
+    for routing, used, args, out in _graph_replays(torch.ops.cute_moe.grouped_mm_fp8_act_quant, 576, 8):
         h_q, h_scale, pre = out
         assert torch.equal(pre[:used], torch.ops.cute_moe.grouped_mm_fp8(*args, None)[:used]), routing
         want_q, want_s = torch.ops.cute_moe.act_quantize_fp8_1x128(pre, "swiglu_oai", ALPHA, 7.0)
